@@ -1,0 +1,4 @@
+"""Weight conversion from PyTorch checkpoints (diffusers and original Wan key names)."""
+
+from jaxwm.convert.wan import (diffusers_to_jaxwm, jaxwm_to_diffusers, load_wan_safetensors,
+                               original_wan_to_diffusers_keys, parameter_mapping)

@@ -1,0 +1,207 @@
+"""Wan transformer weights: diffusers ``WanTransformer3DModel`` <-> jaxwm ``WanModel`` parameters.
+
+One table (:func:`parameter_mapping`) names, for every jaxwm parameter, its diffusers key
+(per block for the scanned ``blocks`` stack) and how the array is laid out:
+
+- ``linear``: torch ``[out, in]`` -> flax kernel ``[in, out]``;
+- ``conv3d``: the patch embedding ``[dim, C, pt, ph, pw]`` -> kernel ``[pt*ph*pw*C, dim]``
+  (jaxwm patchifies as ``(pt, ph, pw, C)``, C fastest);
+- ``copy``: biases, norm scales and modulation tables.
+
+Original Wan checkpoints (``blocks.0.self_attn.q.weight``, ...) are renamed to diffusers keys
+first (:func:`original_wan_to_diffusers_keys`).
+"""
+
+import re
+
+import numpy as np
+
+from jaxwm.models.config import ModelConfig
+
+
+def _attn_entries(prefix, torch_prefix):
+  out = []
+  for name, key in [("to_q", "to_q"), ("to_k", "to_k"), ("to_v", "to_v"), ("to_out", "to_out.0")]:
+    out.append(((*prefix, name, "kernel"), f"{torch_prefix}.{key}.weight", "linear"))
+    out.append(((*prefix, name, "bias"), f"{torch_prefix}.{key}.bias", "copy"))
+  out.append(((*prefix, "norm_q", "scale"), f"{torch_prefix}.norm_q.weight", "copy"))
+  out.append(((*prefix, "norm_k", "scale"), f"{torch_prefix}.norm_k.weight", "copy"))
+  return out
+
+
+def _linear(path, key):
+  return [((*path, "kernel"), f"{key}.weight", "linear"), ((*path, "bias"), f"{key}.bias", "copy")]
+
+
+def parameter_mapping(cfg: ModelConfig):
+  """``(global_entries, block_entries)``: lists of ``(jaxwm path, diffusers key, kind)``.
+
+  Block entries use ``{i}`` in the key for the layer index; their jaxwm arrays are stacked
+  over layers on axis 0 under ``blocks``.
+  """
+  glob = [
+      (("patch_embedding", "kernel"), "patch_embedding.weight", "conv3d"),
+      (("patch_embedding", "bias"), "patch_embedding.bias", "copy"),
+      *_linear(("condition_embedder", "time_embedder_1"), "condition_embedder.time_embedder.linear_1"),
+      *_linear(("condition_embedder", "time_embedder_2"), "condition_embedder.time_embedder.linear_2"),
+      *_linear(("condition_embedder", "time_proj"), "condition_embedder.time_proj"),
+      (("scale_shift_table",), "scale_shift_table", "copy"),
+      *_linear(("proj_out",), "proj_out"),
+  ]
+  block = [
+      (("scale_shift_table",), "blocks.{i}.scale_shift_table", "copy"),
+      *_attn_entries(("attn1",), "blocks.{i}.attn1"),
+      *_linear(("ffn_in",), "blocks.{i}.ffn.net.0.proj"),
+      *_linear(("ffn_out",), "blocks.{i}.ffn.net.2"),
+  ]
+  if cfg.cross_attn:
+    glob += [*_linear(("text_embedder", "linear_1"), "condition_embedder.text_embedder.linear_1"),
+             *_linear(("text_embedder", "linear_2"), "condition_embedder.text_embedder.linear_2")]
+    block += _attn_entries(("attn2",), "blocks.{i}.attn2")
+    if cfg.cross_attn_norm:
+      block += [(("norm2", "scale"), "blocks.{i}.norm2.weight", "copy"),
+                (("norm2", "bias"), "blocks.{i}.norm2.bias", "copy")]
+  return glob, block
+
+
+def _to_jax(a, kind):
+  a = np.asarray(a, np.float32)
+  if kind == "linear":
+    return a.T
+  if kind == "conv3d":
+    return a.transpose(2, 3, 4, 1, 0).reshape(-1, a.shape[0])
+  return a
+
+
+def _to_torch(a, kind, cfg):
+  a = np.asarray(a)
+  if kind == "linear":
+    return a.T
+  if kind == "conv3d":
+    pt, ph, pw = cfg.patch_size
+    return a.reshape(pt, ph, pw, -1, a.shape[-1]).transpose(4, 3, 0, 1, 2)
+  return a
+
+
+def _set(tree, path, value):
+  for p in path[:-1]:
+    tree = tree.setdefault(p, {})
+  tree[path[-1]] = value
+
+
+def _get(tree, path):
+  for p in path:
+    tree = tree[p]
+  return tree
+
+
+def diffusers_to_jaxwm(state_dict, cfg: ModelConfig, strict=True):
+  """Maps a diffusers state dict (name -> array-like) to a jaxwm ``{"params": ...}`` tree (numpy).
+
+  With ``strict``, keys of the state dict that no parameter uses are an error (listed).
+  Missing keys are always an error.
+  """
+  sd = {k: (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)) for k, v in state_dict.items()}
+  glob, block = parameter_mapping(cfg)
+  params, used, missing = {}, set(), []
+  for path, key, kind in glob:
+    if key not in sd:
+      missing.append(key)
+      continue
+    _set(params, path, _to_jax(sd[key], kind))
+    used.add(key)
+  for path, key, kind in block:
+    layers = []
+    for i in range(cfg.num_layers):
+      k = key.format(i=i)
+      if k not in sd:
+        missing.append(k)
+        continue
+      layers.append(_to_jax(sd[k], kind))
+      used.add(k)
+    if len(layers) == cfg.num_layers:
+      _set(params, ("blocks", *path), np.stack(layers))
+  if missing:
+    raise KeyError(f"state dict lacks {len(missing)} key(s) the jaxwm model needs, e.g. {missing[:5]}")
+  unused = sorted(set(sd) - used)
+  if strict and unused:
+    raise KeyError(f"state dict has {len(unused)} key(s) no jaxwm parameter uses, e.g. {unused[:5]}")
+  return {"params": params}
+
+
+def jaxwm_to_diffusers(variables, cfg: ModelConfig):
+  """Inverse of :func:`diffusers_to_jaxwm`: ``{"params": ...}`` -> diffusers-named numpy arrays."""
+  params = variables["params"]
+  glob, block = parameter_mapping(cfg)
+  out = {key: _to_torch(_get(params, path), kind, cfg) for path, key, kind in glob}
+  for path, key, kind in block:
+    stacked = np.asarray(_get(params["blocks"], path))
+    for i in range(cfg.num_layers):
+      out[key.format(i=i)] = _to_torch(stacked[i], kind, cfg)
+  return out
+
+
+# Original Wan names -> diffusers names, applied in order to each key.
+_ORIGINAL_RENAMES = [
+    (r"^model\.diffusion_model\.", ""),
+    (r"^time_embedding\.0\.", "condition_embedder.time_embedder.linear_1."),
+    (r"^time_embedding\.2\.", "condition_embedder.time_embedder.linear_2."),
+    (r"^text_embedding\.0\.", "condition_embedder.text_embedder.linear_1."),
+    (r"^text_embedding\.2\.", "condition_embedder.text_embedder.linear_2."),
+    (r"^time_projection\.1\.", "condition_embedder.time_proj."),
+    (r"^head\.head\.", "proj_out."),
+    (r"^head\.modulation$", "scale_shift_table"),
+    (r"^blocks\.(\d+)\.modulation$", r"blocks.\1.scale_shift_table"),
+    (r"^blocks\.(\d+)\.self_attn\.", r"blocks.\1.attn1."),
+    (r"^blocks\.(\d+)\.cross_attn\.", r"blocks.\1.attn2."),
+    (r"\.attn([12])\.o\.", r".attn\1.to_out.0."),
+    (r"\.attn([12])\.([qkv])\.", r".attn\1.to_\2."),
+    (r"^blocks\.(\d+)\.norm3\.", r"blocks.\1.norm2."),  # Wan's norm3 is the cross-attention norm
+    (r"^blocks\.(\d+)\.ffn\.0\.", r"blocks.\1.ffn.net.0.proj."),
+    (r"^blocks\.(\d+)\.ffn\.2\.", r"blocks.\1.ffn.net.2."),
+]
+
+
+def original_wan_to_diffusers_keys(state_dict):
+  """Renames an original Wan transformer state dict (``blocks.0.self_attn.q.weight``, ...) to diffusers keys."""
+  out = {}
+  for key, value in state_dict.items():
+    new = key
+    for pattern, repl in _ORIGINAL_RENAMES:
+      new = re.sub(pattern, repl, new)
+    out[new] = value
+  return out
+
+
+def load_wan_safetensors(paths, cfg: ModelConfig, abstract_params=None, shardings=None, original_names=None):
+  """Loads Wan weights from safetensors file(s) straight into (sharded) jax arrays.
+
+  Args:
+    paths: a path or a list of shard paths.
+    cfg: the model config the weights must fit.
+    abstract_params: optional ``jax.eval_shape`` of the init, to check shapes.
+    shardings: optional pytree of ``jax.sharding.Sharding`` matching ``{"params": ...}``;
+      each array is built shard by shard (``jax.make_array_from_callback``).
+    original_names: force (True/False) or auto-detect (None) original Wan key names.
+
+  Returns:
+    ``{"params": ...}`` of jax arrays.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  paths = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
+  sd = {}
+  for p in paths:
+    sd.update(load_file(str(p)))
+  if original_names or (original_names is None and any(".self_attn." in k or k.startswith("head.") for k in sd)):
+    sd = original_wan_to_diffusers_keys(sd)
+  tree = diffusers_to_jaxwm(sd, cfg)
+  if abstract_params is not None:
+    want = jax.tree_util.tree_map(lambda a: a.shape, abstract_params)
+    got = jax.tree_util.tree_map(lambda a: a.shape, tree)
+    if want != got:
+      raise ValueError("checkpoint shapes do not match the model config")
+  if shardings is None:
+    return jax.tree_util.tree_map(jax.numpy.asarray, tree)
+  return jax.tree_util.tree_map(lambda a, s: jax.make_array_from_callback(a.shape, s, lambda idx: a[idx]), tree,
+                                shardings)

@@ -1,0 +1,1 @@
+"""Data: the procedural loop-closure scenes (the embedded dataset) and loaders."""

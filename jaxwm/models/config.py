@@ -1,0 +1,76 @@
+"""Model hyper-parameters (a frozen dataclass built from the ml-collections ``model`` block)."""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Wan 2.x DiT shape and options.
+
+  Attributes:
+    dim: model width ``num_heads * head_dim``.
+    num_heads, head_dim, num_layers, ffn_dim: transformer shape.
+    in_channels, out_channels: latent channels.
+    patch_size: ``(pt, ph, pw)``; jaxwm's streaming layouts need ``pt = 1``.
+    text_dim: width of the conditioning sequence (text embeddings).
+    freq_dim: sinusoidal timestep embedding size.
+    eps: norm epsilon.
+    cross_attn: whether blocks have cross-attention to a conditioning sequence.
+    cross_attn_norm: LayerNorm (with affine) before cross-attention.
+    rope_theta: RoPE base.
+    dtype: compute dtype name (``float32`` / ``bfloat16``); parameters stay float32.
+    remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
+    attention_impl: ``xla`` | ``cudnn`` | ``auto`` (see ``jaxwm.ops.attention``).
+  """
+  dim: int = 128
+  num_heads: int = 4
+  num_layers: int = 4
+  ffn_dim: int = 512
+  in_channels: int = 48
+  out_channels: int = 48
+  patch_size: tuple = (1, 2, 2)
+  text_dim: int = 64
+  freq_dim: int = 64
+  eps: float = 1e-6
+  cross_attn: bool = False
+  cross_attn_norm: bool = True
+  rope_theta: float = 10000.0
+  dtype: str = "float32"
+  remat: str = "none"
+  attention_impl: str = "xla"
+
+  def __post_init__(self):
+    if self.dim % self.num_heads:
+      raise ValueError(f"model.dim={self.dim} is not divisible by model.num_heads={self.num_heads}")
+    if self.head_dim % 2 or self.head_dim < 6:
+      raise ValueError(f"head dim {self.head_dim} (model.dim / model.num_heads) must be even and >= 6 for 3D RoPE")
+    if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+      raise ValueError(f"model.patch_size must be three positive ints; got {self.patch_size}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"model.remat must be one of {REMAT_POLICIES}; got {self.remat!r}")
+    if self.dtype not in ("float32", "bfloat16", "float16"):
+      raise ValueError(f"model.dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
+
+  @property
+  def head_dim(self):
+    return self.dim // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @classmethod
+  def from_dict(cls, d):
+    """From a mapping (e.g. an ml-collections ``ConfigDict``); unknown keys are an error."""
+    d = dict(d)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(names)}")
+    if "patch_size" in d:
+      d["patch_size"] = tuple(d["patch_size"])
+    return cls(**d)

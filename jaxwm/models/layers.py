@@ -1,0 +1,46 @@
+"""Small layers with logical axis names on their parameters."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def dense(features, axes, name, dtype=jnp.float32):
+  """``nn.Dense`` whose kernel carries logical axis names ``axes`` (in, out) and bias ``axes[1]``."""
+  return nn.Dense(features, name=name, dtype=dtype, param_dtype=jnp.float32,
+                  kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), axes),
+                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)))
+
+
+class RMSNorm(nn.Module):
+  """``x / sqrt(mean(x^2) + eps) * scale`` over the last axis, in float32 (q/k norm across heads)."""
+  eps: float = 1e-6
+  axis_name: str = "heads"
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), (self.axis_name,)),
+                       (x.shape[-1],), jnp.float32)
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + self.eps)
+    return (y * scale).astype(x.dtype)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm in float32, optional affine (Wan's FP32LayerNorm)."""
+  eps: float = 1e-6
+  affine: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, -1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), -1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+    if self.affine:
+      d = x.shape[-1]
+      y = y * self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)), (d,),
+                         jnp.float32)
+      y = y + self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (d,),
+                         jnp.float32)
+    return y

@@ -1,0 +1,194 @@
+"""Wan 2.x-style DiT in Flax Linen (DESIGN §2, §4; diffusers' ``WanTransformer3DModel``).
+
+Frames in, velocity out, over a *frame sequence* ``[B, S, h, w, C]`` that may mix clean and
+noisy frames (the teacher-forcing layout) or be one chunk attending to a KV cache (streaming).
+Per frame (or per token) timesteps, temporal RoPE positions and a frame-level attention mask
+say which is which; see ``jaxwm.training.layout`` and ``jaxwm.sampling``.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxwm.encodings.rope3d import apply_rotary, rope3d_angles
+from jaxwm.models.config import ModelConfig
+from jaxwm.models.embeddings import TextProjection, TimeEmbedding
+from jaxwm.models.layers import LayerNorm, RMSNorm, dense
+from jaxwm.ops.attention import dot_product_attention
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _table_init(key, shape, dtype=jnp.float32):
+  """Wan's modulation table init: ``randn / sqrt(dim)``."""
+  return jax.random.normal(key, shape, dtype) / shape[-1] ** 0.5
+
+
+def _constrain(x, axes):
+  return nn.with_logical_constraint(x, axes)
+
+
+class Attention(nn.Module):
+  """Multi-head attention with q/k RMSNorm across heads (Wan).
+
+  Self-attention: ``__call__(x, rope=angles, mask=..., cache=(k, v))`` returns the output and
+  this call's own post-RoPE ``(k, v)`` (what a commit writes to the cache). Cross-attention:
+  ``__call__(x, context=ctx)``.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, *, context=None, rope=None, mask=None, cache=None):
+    cfg = self.cfg
+    h, d = cfg.num_heads, cfg.head_dim
+    dt = cfg.compute_dtype
+    src = x if context is None else context
+    q = RMSNorm(cfg.eps, name="norm_q")(dense(cfg.dim, ("embed", "heads"), "to_q", dt)(x))
+    k = RMSNorm(cfg.eps, name="norm_k")(dense(cfg.dim, ("embed", "heads"), "to_k", dt)(src))
+    v = dense(cfg.dim, ("embed", "heads"), "to_v", dt)(src)
+    q, k, v = (a.reshape(a.shape[:2] + (h, d)) for a in (q, k, v))
+    if rope is not None:
+      q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+    own = (k, v)
+    if cache is not None:
+      k = jnp.concatenate([cache[0].astype(k.dtype), k], axis=1)
+      v = jnp.concatenate([cache[1].astype(v.dtype), v], axis=1)
+    q = _constrain(q, ("batch", "length", "act_heads", "act_kv"))
+    out = dot_product_attention(q, k, v, mask, impl=cfg.attention_impl)
+    out = dense(cfg.dim, ("heads", "embed"), "to_out", dt)(out.reshape(out.shape[:2] + (cfg.dim,)))
+    return out, own
+
+
+class Block(nn.Module):
+  """One DiT block: modulated self-attention, optional cross-attention, modulated GELU-tanh FFN.
+
+  Scanned over layers: ``__call__(x, cache, mod, rope, mask, context) -> (x, (k, v))``.
+  ``mod [B, L, 6, dim]`` is the shared time modulation (shift, scale, gate for attention,
+  then for the FFN), to which the block adds its own ``scale_shift_table``.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, cache, mod, rope, mask, context):
+    cfg = self.cfg
+    table = self.param("scale_shift_table",
+                       nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")), (1, 6, cfg.dim))
+    shift, scale, gate, c_shift, c_scale, c_gate = jnp.split(table[None] + mod, 6, axis=2)
+    shift, scale, gate, c_shift, c_scale, c_gate = (a[:, :, 0] for a in (shift, scale, gate, c_shift, c_scale, c_gate))
+    dt = cfg.compute_dtype
+    xf = x.astype(jnp.float32)
+    y = (LayerNorm(cfg.eps, name="norm1")(xf) * (1 + scale) + shift).astype(dt)
+    attn, kv = Attention(cfg, name="attn1")(y, rope=rope, mask=mask, cache=cache)
+    xf = xf + attn.astype(jnp.float32) * gate
+    if cfg.cross_attn:
+      y = LayerNorm(cfg.eps, affine=cfg.cross_attn_norm, name="norm2")(xf).astype(dt)
+      xf = xf + Attention(cfg, name="attn2")(y, context=context)[0].astype(jnp.float32)
+    y = (LayerNorm(cfg.eps, name="norm3")(xf) * (1 + c_scale) + c_shift).astype(dt)
+    y = dense(cfg.ffn_dim, ("embed", "mlp"), "ffn_in", dt)(y)
+    y = dense(cfg.dim, ("mlp", "embed"), "ffn_out", dt)(nn.gelu(y, approximate=True))
+    xf = xf + y.astype(jnp.float32) * c_gate
+    return _constrain(xf.astype(x.dtype), ("batch", "length", "act_embed")), kv
+
+
+def patchify(latents, patch_size):
+  """``[B, F, H, W, C] -> [B, F/pt * H/ph * W/pw, pt*ph*pw*C]`` (frame-major, then row-major)."""
+  b, f, hh, ww, c = latents.shape
+  pt, ph, pw = patch_size
+  x = latents.reshape(b, f // pt, pt, hh // ph, ph, ww // pw, pw, c)
+  x = x.transpose(0, 1, 3, 5, 2, 4, 6, 7)
+  return x.reshape(b, (f // pt) * (hh // ph) * (ww // pw), pt * ph * pw * c)
+
+
+def unpatchify(tokens, shape, patch_size):
+  """Inverse of :func:`patchify` for output channels: ``tokens [B, L, pt*ph*pw*C]`` -> ``[B, F, H, W, C]``."""
+  b, f, hh, ww = shape
+  pt, ph, pw = patch_size
+  c = tokens.shape[-1] // (pt * ph * pw)
+  x = tokens.reshape(b, f // pt, hh // ph, ww // pw, pt, ph, pw, c)
+  return x.transpose(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, f, hh, ww, c)
+
+
+def token_positions(frame_pos, grid_hw):
+  """``[B, S]`` temporal positions -> ``[B, S*N, 3]`` ``(t, h, w)`` positions of every token."""
+  gh, gw = grid_hw
+  b, s = frame_pos.shape
+  hh, ww = jnp.meshgrid(jnp.arange(gh, dtype=jnp.float32), jnp.arange(gw, dtype=jnp.float32), indexing="ij")
+  t = jnp.broadcast_to(frame_pos.astype(jnp.float32)[:, :, None], (b, s, gh * gw))
+  hw = jnp.broadcast_to(jnp.stack([hh.reshape(-1), ww.reshape(-1)], -1), (b, s, gh * gw, 2))
+  return jnp.concatenate([t[..., None], hw], -1).reshape(b, s * gh * gw, 3)
+
+
+def expand_frame_mask(mask, tokens_per_frame):
+  """Frame-level ``[B, Sq, Sk]`` bool mask -> token-level ``[B, Sq*N, Sk*N]``."""
+  b, sq, sk = mask.shape
+  n = tokens_per_frame
+  m = jnp.broadcast_to(mask[:, :, None, :, None], (b, sq, n, sk, n))
+  return m.reshape(b, sq * n, sk * n)
+
+
+class WanModel(nn.Module):
+  """The DiT.
+
+  ``__call__(latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None)``
+
+  Args:
+    latents: ``[B, S, h, w, C]`` frame sequence.
+    timesteps: ``[B, S]`` per frame or ``[B, S*N]`` per token, Wan scale (0..1000).
+    frame_pos: ``[B, S]`` temporal RoPE positions (default ``0..S-1``).
+    mask: frame-level bool ``[B, S, S_cache + S]`` (True = attend), or None (dense).
+    context: ``[B, Lt, text_dim]`` conditioning sequence (used when ``cross_attn``).
+    cache: ``(k, v)`` with ``[num_layers, B, S_cache*N, H, Dh]`` each: keys/values of
+      earlier frames, already RoPE-rotated, read but not written.
+
+  Returns:
+    ``(velocity [B, S, h, w, C_out] float32, (k, v))`` with this call's own keys/values per
+    layer, ``[num_layers, B, S*N, H, Dh]`` (what a streaming commit stores).
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None):
+    cfg = self.cfg
+    b, s, hh, ww, _ = latents.shape
+    pt, ph, pw = cfg.patch_size
+    if s % pt or hh % ph or ww % pw:
+      raise ValueError(f"latents shape {latents.shape} is not divisible by model.patch_size {cfg.patch_size}")
+    grid = (hh // ph, ww // pw)
+    n = grid[0] * grid[1]
+    s_tok = s // pt
+    if frame_pos is None:
+      frame_pos = jnp.broadcast_to(jnp.arange(s_tok, dtype=jnp.float32), (b, s_tok))
+    x = dense(cfg.dim, ("patch", "embed"), "patch_embedding", cfg.compute_dtype)(
+        patchify(latents.astype(cfg.compute_dtype), cfg.patch_size))
+    x = _constrain(x, ("batch", "length", "act_embed"))
+    if timesteps.shape == (b, s_tok):
+      timesteps = jnp.repeat(timesteps, n, axis=1)
+    if timesteps.shape != (b, s_tok * n):
+      raise ValueError(f"timesteps must have shape {(b, s_tok)} or {(b, s_tok * n)}; got {timesteps.shape}")
+    temb, mod = TimeEmbedding(cfg.dim, cfg.freq_dim, name="condition_embedder")(timesteps)
+    if cfg.cross_attn:
+      if context is None:
+        raise ValueError("model.cross_attn is on: pass context [B, Lt, text_dim]")
+      context = TextProjection(cfg.dim, name="text_embedder")(context.astype(jnp.float32)).astype(cfg.compute_dtype)
+    rope = rope3d_angles(token_positions(frame_pos, grid), cfg.head_dim, cfg.rope_theta)
+    tok_mask = None if mask is None else expand_frame_mask(mask, n)
+
+    block = Block
+    if cfg.remat != "none":
+      block = nn.remat(Block, policy=_REMAT[cfg.remat], prevent_cse=False)
+    blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                     metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="blocks")
+    x, kv = blocks(x, cache, mod, rope, tok_mask, context)
+
+    table = self.param("scale_shift_table",
+                       nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")), (1, 2, cfg.dim))
+    shift, scale = jnp.split(table[None] + temb[:, :, None], 2, axis=2)
+    y = LayerNorm(cfg.eps, name="norm_out")(x) * (1 + scale[:, :, 0]) + shift[:, :, 0]
+    out = dense(cfg.out_channels * pt * ph * pw, ("embed", "patch"), "proj_out", cfg.compute_dtype)(
+        y.astype(cfg.compute_dtype))
+    return unpatchify(out.astype(jnp.float32), (b, s, hh, ww), cfg.patch_size), kv

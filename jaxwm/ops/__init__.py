@@ -1,0 +1,1 @@
+"""Pure-``jnp`` reference operators. Kernels in ``pallas_kernels/`` share their signatures."""

@@ -1,0 +1,44 @@
+"""Reference multi-head dot-product attention with a boolean mask (softmax in float32)."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+
+IMPLS = ("xla", "cudnn", "auto")
+
+
+def resolve_impl(impl):
+  """``"auto"`` -> ``"cudnn"`` on GPU, else ``"xla"`` (logged). Unknown names are an error."""
+  if impl not in IMPLS:
+    raise ValueError(f"attention impl must be one of {IMPLS}; got {impl!r}")
+  if impl == "auto":
+    impl = "cudnn" if jax.default_backend() == "gpu" else "xla"
+    logging.info("attention impl 'auto' resolved to %r on backend %r", impl, jax.default_backend())
+  return impl
+
+
+def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
+  """``softmax(q k^T * scale + log(mask)) v`` per head.
+
+  Args:
+    q: ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``.
+    mask: bool, broadcastable to ``[B, Lq, Lk]`` (True = attend) or None (dense). Every
+      query must attend to at least one key.
+    scale: defaults to ``D ** -0.5``.
+    impl: ``"xla"`` (this reference), ``"cudnn"`` (``jax.nn.dot_product_attention`` with
+      cuDNN, GPU only) or ``"auto"``.
+
+  Returns:
+    ``[B, Lq, H, D]`` in the dtype of ``q``.
+  """
+  impl = resolve_impl(impl)
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  if impl == "cudnn":
+    m = None if mask is None else jnp.broadcast_to(mask, (q.shape[0], q.shape[1], k.shape[1]))[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=m, scale=scale, implementation="cudnn")
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+  if mask is not None:
+    logits = jnp.where(mask[:, None] if mask.ndim == 3 else mask, logits, -jnp.inf)
+  probs = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v).astype(q.dtype)

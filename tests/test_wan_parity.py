@@ -1,0 +1,126 @@
+"""Parity of jaxwm's WanModel with diffusers' WanTransformer3DModel (PyTorch, CPU, float32)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+from jaxwm.convert import diffusers_to_jaxwm, jaxwm_to_diffusers, original_wan_to_diffusers_keys  # noqa: E402
+from jaxwm.models.config import ModelConfig  # noqa: E402
+from jaxwm.models.transformer import WanModel  # noqa: E402
+
+CFG = ModelConfig(dim=48, num_heads=2, num_layers=2, ffn_dim=64, in_channels=4, out_channels=4, patch_size=(1, 2, 2),
+                  text_dim=16, freq_dim=32, cross_attn=True, cross_attn_norm=True)
+SHAPE = (2, 3, 4, 6)  # B, F, H, W (latent)
+
+
+def _torch_model():
+  torch.manual_seed(0)
+  m = diffusers.WanTransformer3DModel(patch_size=CFG.patch_size, num_attention_heads=CFG.num_heads,
+                                      attention_head_dim=CFG.head_dim, in_channels=CFG.in_channels,
+                                      out_channels=CFG.out_channels, text_dim=CFG.text_dim, freq_dim=CFG.freq_dim,
+                                      ffn_dim=CFG.ffn_dim, num_layers=CFG.num_layers, cross_attn_norm=True,
+                                      qk_norm="rms_norm_across_heads", eps=CFG.eps, rope_max_seq_len=64).float()
+  with torch.no_grad():  # make every parameter non-trivial (norm scales start at 1, some biases at 0)
+    for p in m.parameters():
+      p.add_(0.1 * torch.randn_like(p))
+  return m
+
+
+@pytest.fixture(scope="module")
+def models():
+  tm = _torch_model()
+  variables = jax.tree_util.tree_map(jnp.asarray, diffusers_to_jaxwm(tm.state_dict(), CFG))
+  rng = np.random.default_rng(0)
+  b, f, h, w = SHAPE
+  n_tok = f * (h // 2) * (w // 2)
+  inputs = {
+      "x": rng.normal(size=(b, f, h, w, CFG.in_channels)).astype(np.float32),
+      "t": rng.uniform(0, 1000, size=(b, n_tok)).astype(np.float32),  # per-token timesteps
+      "ctx": rng.normal(size=(b, 5, CFG.text_dim)).astype(np.float32),
+      "r": rng.normal(size=(b, f, h, w, CFG.out_channels)).astype(np.float32),
+  }
+  return tm, variables, inputs
+
+
+def _torch_forward(tm, inp, requires_grad=False):
+  x = torch.tensor(inp["x"]).permute(0, 4, 1, 2, 3).contiguous().requires_grad_(requires_grad)
+  out = tm(hidden_states=x, timestep=torch.tensor(inp["t"]), encoder_hidden_states=torch.tensor(inp["ctx"]),
+           return_dict=False)[0]
+  return x, out.permute(0, 2, 3, 4, 1)
+
+
+def _jax_forward(variables, inp, x=None):
+  out, _ = WanModel(CFG).apply(variables, inp["x"] if x is None else x, inp["t"], context=inp["ctx"])
+  return out
+
+
+def _rel(a, b):
+  return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / max(np.linalg.norm(np.asarray(b)), 1e-30))
+
+
+def test_mapping_covers_every_parameter(models):
+  tm, variables, inp = models
+  init = WanModel(CFG).init(jax.random.key(0), inp["x"], inp["t"], context=inp["ctx"])
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  assert jax.tree_util.tree_structure(nn.unbox(init)) == jax.tree_util.tree_structure(variables)
+  shapes = jax.tree_util.tree_map(lambda a: a.shape, nn.unbox(init))
+  assert shapes == jax.tree_util.tree_map(lambda a: a.shape, variables)
+  back = jaxwm_to_diffusers(variables, CFG)
+  sd = tm.state_dict()
+  assert set(back) == set(sd)
+  for k, v in sd.items():
+    np.testing.assert_array_equal(back[k], v.numpy(), err_msg=k)
+  with pytest.raises(KeyError, match="no jaxwm parameter uses"):
+    diffusers_to_jaxwm({**sd, "extra.weight": torch.zeros(1)}, CFG)
+  with pytest.raises(KeyError, match="lacks"):
+    diffusers_to_jaxwm({k: v for k, v in sd.items() if "attn2.norm_k" not in k}, CFG)
+
+
+def test_forward_parity(models):
+  tm, variables, inp = models
+  with torch.no_grad():
+    _, ref = _torch_forward(tm, inp)
+  out = jax.jit(_jax_forward)(variables, inp)
+  assert out.shape == ref.shape
+  assert _rel(out, ref.numpy()) <= 1e-5
+
+
+def test_gradient_parity(models):
+  tm, variables, inp = models
+  tm.zero_grad()
+  x, out = _torch_forward(tm, inp, requires_grad=True)
+  (out * torch.tensor(inp["r"])).sum().backward()
+  torch_grads = {k: p.grad.numpy() for k, p in tm.named_parameters()}
+
+  def loss(v, xx):
+    return jnp.sum(_jax_forward(v, inp, xx) * inp["r"])
+
+  gv, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, jnp.asarray(inp["x"]))
+  assert _rel(gx, x.grad.permute(0, 2, 3, 4, 1).numpy()) <= 1e-4
+  mapped = jaxwm_to_diffusers(jax.tree_util.tree_map(np.asarray, gv), CFG)
+  assert set(mapped) == set(torch_grads)
+  worst = max((_rel(mapped[k], torch_grads[k]), k) for k in torch_grads)
+  assert worst[0] <= 1e-4, worst
+
+
+ORIGINAL_KEYS = (
+    ["patch_embedding.weight", "patch_embedding.bias", "head.head.weight", "head.head.bias", "head.modulation"]
+    + [f"{m}.{i}.{p}" for m, idx in [("text_embedding", (0, 2)), ("time_embedding", (0, 2)), ("time_projection", (1,))]
+       for i in idx for p in ("weight", "bias")]
+    + [f"blocks.{b}.{k}" for b in range(CFG.num_layers) for k in
+       ["modulation", "norm3.weight", "norm3.bias", "ffn.0.weight", "ffn.0.bias", "ffn.2.weight", "ffn.2.bias"]
+       + [f"{a}.{p}.{w}" for a in ("self_attn", "cross_attn") for p in "qkvo" for w in ("weight", "bias")]
+       + [f"{a}.{n}.weight" for a in ("self_attn", "cross_attn") for n in ("norm_q", "norm_k")]])
+
+
+def test_original_wan_names(models):
+  tm, _, _ = models
+  from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers  # pylint: disable=g-import-not-at-top
+  ours = original_wan_to_diffusers_keys({k: k for k in ORIGINAL_KEYS})
+  theirs = convert_wan_transformer_to_diffusers({k: k for k in ORIGINAL_KEYS})
+  assert {v: k for k, v in ours.items()} == {v: k for k, v in theirs.items()}
+  assert set(ours) == set(tm.state_dict())
