@@ -8,9 +8,18 @@ if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import tempfile  # noqa: E402
+
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
+
+# Identical programs (one train step per Trainer, sampler steps) compile once per test run.
+jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXWM_TEST_JAX_CACHE",
+                                                              os.path.join(tempfile.gettempdir(), "jaxwm_test_jax_cache")))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 # grain's multiprocess loader and other absl users read flags; pytest never parses them.
 if not flags.FLAGS.is_parsed():
@@ -48,3 +57,38 @@ def random_intrinsics(rng, n, hw=(48, 64)):
   k[:, 1, 2] = h / 2 + rng.uniform(-3, 3, n)
   k[:, 2, 2] = 1
   return k
+
+
+def tiny_config(**overrides):
+  """A very small training config: 16x16 frames rendered on the fly, 5 frames, 2-layer model."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  root = str(pathlib.Path(__file__).resolve().parents[1])
+  if root not in sys.path:
+    sys.path.insert(0, root)
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  c = tiny.get_config()
+  c.model.update(dim=64, num_heads=2, num_layers=2, ffn_dim=64, freq_dim=32, text_dim=16)
+  c.data.update(source="procedural", num_clips=16, clips_per_scene=8, clip_frames=9, render_size=16, image_size=16,
+                num_frames=5, frame_stride=2, batch_size=8)
+  c.optim.update(warmup_steps=2)
+  c.train.update(num_steps=4, log_every=1, ckpt_every=2, sample_every=0, async_checkpoint=False)
+  c.sample.update(num_steps=3)
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+  """A workdir with a 2-step checkpoint of :func:`tiny_config` (one per test worker)."""
+  from jaxwm.training import sharding  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp("tiny_run")
+  config = tiny_config(**{"train.num_steps": 2, "train.sample_every": 2})
+  _, history = run(config, workdir, mesh=sharding.make_mesh(1, 1, jax.devices()[:1]), progress=False)
+  return workdir, config, history

@@ -64,7 +64,7 @@ def _rel(a, b):
 
 def test_mapping_covers_every_parameter(models):
   tm, variables, inp = models
-  init = WanModel(CFG).init(jax.random.key(0), inp["x"], inp["t"], context=inp["ctx"])
+  init = jax.eval_shape(WanModel(CFG).init, jax.random.key(0), inp["x"], inp["t"], context=inp["ctx"])
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
   assert jax.tree_util.tree_structure(nn.unbox(init)) == jax.tree_util.tree_structure(variables)
   shapes = jax.tree_util.tree_map(lambda a: a.shape, nn.unbox(init))
@@ -124,3 +124,33 @@ def test_original_wan_names(models):
   theirs = convert_wan_transformer_to_diffusers({k: k for k in ORIGINAL_KEYS})
   assert {v: k for k, v in ours.items()} == {v: k for k, v in theirs.items()}
   assert set(ours) == set(tm.state_dict())
+
+
+def test_load_safetensors_into_shards(models, tmp_path):
+  """diffusers weights on disk (original Wan names too) load straight into FSDP-sharded arrays."""
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+
+  from jaxwm.convert import load_wan_safetensors  # pylint: disable=g-import-not-at-top
+  from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
+  tm, variables, inp = models
+  sd = {k: v.contiguous() for k, v in tm.state_dict().items()}
+  names = list(sd)
+  save_file({k: sd[k] for k in names[: len(names) // 2]}, str(tmp_path / "a.safetensors"))
+  save_file({k: sd[k] for k in names[len(names) // 2:]}, str(tmp_path / "b.safetensors"))
+  mesh = sh.make_mesh(2, 4)
+  abstract = jax.eval_shape(WanModel(CFG).init, jax.random.key(0), inp["x"], inp["t"], context=inp["ctx"])
+  shardings = sh.param_shardings(abstract, mesh, sh.DEFAULT_RULES)
+  loaded = load_wan_safetensors([tmp_path / "a.safetensors", tmp_path / "b.safetensors"], CFG,
+                                abstract_params=nn.unbox(abstract), shardings=shardings)
+  for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(variables)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  kernel = loaded["params"]["blocks"]["attn1"]["to_q"]["kernel"]
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", None)
+  assert len(kernel.addressable_shards) == 8
+  # Original Wan key names are detected and renamed.
+  inverse = original_wan_to_diffusers_keys({k: k for k in ORIGINAL_KEYS})  # diffusers key -> original key
+  save_file({inverse[k]: v for k, v in sd.items()}, str(tmp_path / "orig.safetensors"))
+  loaded2 = load_wan_safetensors(tmp_path / "orig.safetensors", CFG)
+  for a, b in zip(jax.tree_util.tree_leaves(loaded2), jax.tree_util.tree_leaves(variables)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -37,9 +37,10 @@ def rope3d_angles(positions, head_dim, theta=10000.0):
 
 
 def apply_rotary(x, angles):
-  """Rotates interleaved channel pairs of ``x [B, L, H, D]`` by ``angles [B or 1, L, D // 2]``."""
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
+  """Rotates interleaved channel pairs of ``x [B, L, H, D]`` by ``angles [B or 1, L, (H,) D // 2]``."""
+  if angles.ndim == 3:
+    angles = angles[:, :, None, :]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
   xf = x.astype(jnp.float32).reshape(x.shape[:-1] + (x.shape[-1] // 2, 2))
   x0, x1 = xf[..., 0], xf[..., 1]
   out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1)

@@ -5,6 +5,41 @@ import dataclasses
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+ENCODINGS = ("rope3d", "viewrope", "gta", "prope", "mrope")
+
+
+@dataclasses.dataclass(frozen=True)
+class CameraConfig:
+  """How cameras condition the model (DESIGN §4).
+
+  Attributes:
+    encoding: ``rope3d`` (none: the backbone RoPE only), ``viewrope``, ``gta``, ``prope``, ``mrope``.
+    channels: a placement name (``t_low``, ``hw_low``, ``hw_low_replace``, ``all``) or a list
+      of ``[start, end)`` head-channel ranges; see ``jaxwm.encodings.channels``.
+    per_token: GTA/PRoPE: one transform per token (the ray's local frame) instead of per frame.
+    translation_scale: GTA/PRoPE/MRoPE: camera translations are multiplied by this.
+    plucker: Plücker action injection into the patch embeddings (ReWorld §2.2), zero-initialised.
+    vae_stride: pixels per latent pixel (token pixel centres and PRoPE's image size).
+    mrope_hidden: width of MRoPE's pose MLP.
+  """
+  encoding: str = "rope3d"
+  channels: object = "t_low"
+  per_token: bool = False
+  translation_scale: float = 1.0
+  plucker: bool = False
+  vae_stride: int = 4
+  mrope_hidden: int = 64
+
+  @classmethod
+  def from_dict(cls, d):
+    d = dict(d)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"unknown model.camera config key(s) {unknown}; valid keys: {sorted(names)}")
+    if isinstance(d.get("channels"), (list, tuple)):
+      d["channels"] = tuple(tuple(r) for r in d["channels"])
+    return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +77,7 @@ class ModelConfig:
   dtype: str = "float32"
   remat: str = "none"
   attention_impl: str = "xla"
+  camera: CameraConfig = CameraConfig()
 
   def __post_init__(self):
     if self.dim % self.num_heads:
@@ -54,6 +90,15 @@ class ModelConfig:
       raise ValueError(f"model.remat must be one of {REMAT_POLICIES}; got {self.remat!r}")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"model.dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
+    if self.camera.encoding not in ENCODINGS:
+      raise ValueError(f"model.camera.encoding must be one of {ENCODINGS}; got {self.camera.encoding!r}")
+    if self.camera.encoding != "rope3d":
+      from jaxwm.encodings.channels import resolve_channels  # pylint: disable=g-import-not-at-top
+      resolve_channels(self.camera.channels, self.head_dim, self.camera.encoding)
+
+  @property
+  def camera_conditioned(self):
+    return self.camera.encoding != "rope3d" or self.camera.plucker
 
   @property
   def head_dim(self):
@@ -73,4 +118,6 @@ class ModelConfig:
       raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(names)}")
     if "patch_size" in d:
       d["patch_size"] = tuple(d["patch_size"])
+    if "camera" in d and not isinstance(d["camera"], CameraConfig):
+      d["camera"] = CameraConfig.from_dict(d["camera"])
     return cls(**d)

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxwm.encodings import camera as cam_lib
 from jaxwm.encodings.rope3d import apply_rotary, rope3d_angles
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.embeddings import TextProjection, TimeEmbedding
@@ -35,14 +36,14 @@ def _constrain(x, axes):
 class Attention(nn.Module):
   """Multi-head attention with q/k RMSNorm across heads (Wan).
 
-  Self-attention: ``__call__(x, rope=angles, mask=..., cache=(k, v))`` returns the output and
-  this call's own post-RoPE ``(k, v)`` (what a commit writes to the cache). Cross-attention:
-  ``__call__(x, context=ctx)``.
+  Self-attention: ``__call__(x, rope=angles, mask=..., cache=(k, v), cam=tensors)`` returns
+  the output and this call's own encoded ``(k, v)`` (what a commit writes to the cache: keys
+  and values keep the transform of their own camera). Cross-attention: ``__call__(x, context=ctx)``.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, *, context=None, rope=None, mask=None, cache=None):
+  def __call__(self, x, *, context=None, rope=None, mask=None, cache=None, cam=None):
     cfg = self.cfg
     h, d = cfg.num_heads, cfg.head_dim
     dt = cfg.compute_dtype
@@ -53,27 +54,48 @@ class Attention(nn.Module):
     q, k, v = (a.reshape(a.shape[:2] + (h, d)) for a in (q, k, v))
     if rope is not None:
       q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+    enc = cfg.camera.encoding if (context is None and cam is not None) else "rope3d"
+    plan = cam_lib.ChannelPlan(cfg.camera, d)
+    if enc == "viewrope":
+      q, k = cam_lib.viewrope_rotate(q, cam["rot"], plan.idx), cam_lib.viewrope_rotate(k, cam["rot"], plan.idx)
+    elif enc in ("gta", "prope"):
+      g_t = jnp.swapaxes(cam["g"], -1, -2)
+      q = cam_lib.tile_transform(q, g_t, plan.idx)
+      k = cam_lib.tile_transform(k, cam["g_inv"], plan.idx)
+      v = cam_lib.tile_transform(v, cam["g_inv"], plan.idx)
+    elif enc == "mrope":  # v' = v + W_v (P^-1 . v), zero-initialised (ReWorld Eq. 1)
+      res = cam_lib.tile_transform(jnp.zeros_like(v).at[..., plan.idx].set(v[..., plan.idx]), cam["g_inv"],
+                                   plan.idx)[..., plan.idx]
+      v = v + nn.Dense(d, name="mrope_v", dtype=cfg.compute_dtype, use_bias=False, kernel_init=nn.with_logical_partitioning(
+          nn.initializers.zeros_init(), (None, None)))(res)
     own = (k, v)
     if cache is not None:
       k = jnp.concatenate([cache[0].astype(k.dtype), k], axis=1)
       v = jnp.concatenate([cache[1].astype(v.dtype), v], axis=1)
     q = _constrain(q, ("batch", "length", "act_heads", "act_kv"))
     out = dot_product_attention(q, k, v, mask, impl=cfg.attention_impl)
+    extra = None
+    if enc in ("gta", "prope"):
+      out = cam_lib.tile_transform(out, cam["g"], plan.idx)
+    elif enc == "mrope":  # out = W_o y + W_p (P . y), W_p zero-initialised
+      py = cam_lib.tile_transform(out, cam["g"], plan.idx)[..., plan.idx]
+      extra = nn.Dense(cfg.dim, name="mrope_out", dtype=dt, use_bias=False, kernel_init=nn.with_logical_partitioning(
+          nn.initializers.zeros_init(), (None, "embed")))(py.reshape(py.shape[:2] + (-1,)))
     out = dense(cfg.dim, ("heads", "embed"), "to_out", dt)(out.reshape(out.shape[:2] + (cfg.dim,)))
-    return out, own
+    return (out if extra is None else out + extra), own
 
 
 class Block(nn.Module):
   """One DiT block: modulated self-attention, optional cross-attention, modulated GELU-tanh FFN.
 
-  Scanned over layers: ``__call__(x, cache, mod, rope, mask, context) -> (x, (k, v))``.
+  Scanned over layers: ``__call__(x, cache, mod, rope, mask, context, cam) -> (x, (k, v))``.
   ``mod [B, L, 6, dim]`` is the shared time modulation (shift, scale, gate for attention,
   then for the FFN), to which the block adds its own ``scale_shift_table``.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, cache, mod, rope, mask, context):
+  def __call__(self, x, cache, mod, rope, mask, context, cam):
     cfg = self.cfg
     table = self.param("scale_shift_table",
                        nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")), (1, 6, cfg.dim))
@@ -82,7 +104,7 @@ class Block(nn.Module):
     dt = cfg.compute_dtype
     xf = x.astype(jnp.float32)
     y = (LayerNorm(cfg.eps, name="norm1")(xf) * (1 + scale) + shift).astype(dt)
-    attn, kv = Attention(cfg, name="attn1")(y, rope=rope, mask=mask, cache=cache)
+    attn, kv = Attention(cfg, name="attn1")(y, rope=rope, mask=mask, cache=cache, cam=cam)
     xf = xf + attn.astype(jnp.float32) * gate
     if cfg.cross_attn:
       y = LayerNorm(cfg.eps, affine=cfg.cross_attn_norm, name="norm2")(xf).astype(dt)
@@ -142,7 +164,11 @@ class WanModel(nn.Module):
     mask: frame-level bool ``[B, S, S_cache + S]`` (True = attend), or None (dense).
     context: ``[B, Lt, text_dim]`` conditioning sequence (used when ``cross_attn``).
     cache: ``(k, v)`` with ``[num_layers, B, S_cache*N, H, Dh]`` each: keys/values of
-      earlier frames, already RoPE-rotated, read but not written.
+      earlier frames, already encoded (RoPE and camera), read but not written.
+    cameras: dict with ``c2w [B, S, 4, 4]`` (re-anchored on the clip's first frame),
+      ``intrinsics [B, S, 3, 3]`` (pixels of the frames), optional ``scale [B]`` (translation
+      multiplier, e.g. ``trajectory_scale`` of the whole trajectory); required when the model
+      is camera-conditioned (``model.camera``).
 
   Returns:
     ``(velocity [B, S, h, w, C_out] float32, (k, v))`` with this call's own keys/values per
@@ -151,7 +177,7 @@ class WanModel(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None):
+  def __call__(self, latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None, cameras=None):
     cfg = self.cfg
     b, s, hh, ww, _ = latents.shape
     pt, ph, pw = cfg.patch_size
@@ -164,6 +190,25 @@ class WanModel(nn.Module):
       frame_pos = jnp.broadcast_to(jnp.arange(s_tok, dtype=jnp.float32), (b, s_tok))
     x = dense(cfg.dim, ("patch", "embed"), "patch_embedding", cfg.compute_dtype)(
         patchify(latents.astype(cfg.compute_dtype), cfg.patch_size))
+    cam_cfg = cfg.camera
+    cam = None
+    if cfg.camera_conditioned:
+      if cameras is None:
+        raise ValueError(f"model.camera ({cam_cfg.encoding}, plucker={cam_cfg.plucker}) needs cameras "
+                         "{'c2w', 'intrinsics'}")
+      c2w, intr = cameras["c2w"], cameras["intrinsics"]
+      if c2w.shape != (b, s, 4, 4) or intr.shape != (b, s, 3, 3):
+        raise ValueError(f"cameras c2w {c2w.shape} / intrinsics {intr.shape} must be {(b, s, 4, 4)} / {(b, s, 3, 3)}")
+      scale = cameras.get("scale")
+      scale = jnp.ones((b,), jnp.float32) if scale is None else scale
+      if cam_cfg.encoding != "rope3d":
+        cam = cam_lib.camera_tensors(cam_cfg, c2w, intr, scale, grid, (ph, pw))
+      if cam_cfg.plucker:  # ReWorld action injection, zero-initialised
+        pl = cam_lib.plucker_tokens(c2w, intr, scale, (hh, ww), (ph, pw), cam_cfg.vae_stride)
+        pl = nn.silu(dense(cfg.dim, ("patch", "embed"), "plucker_in", cfg.compute_dtype)(pl))
+        x = x + nn.Dense(cfg.dim, name="plucker_out", dtype=cfg.compute_dtype, kernel_init=nn.with_logical_partitioning(
+            nn.initializers.zeros_init(), ("mlp", "embed")), bias_init=nn.with_logical_partitioning(
+                nn.initializers.zeros_init(), ("embed",)))(pl)
     x = _constrain(x, ("batch", "length", "act_embed"))
     if timesteps.shape == (b, s_tok):
       timesteps = jnp.repeat(timesteps, n, axis=1)
@@ -175,15 +220,28 @@ class WanModel(nn.Module):
         raise ValueError("model.cross_attn is on: pass context [B, Lt, text_dim]")
       context = TextProjection(cfg.dim, name="text_embedder")(context.astype(jnp.float32)).astype(cfg.compute_dtype)
     rope = rope3d_angles(token_positions(frame_pos, grid), cfg.head_dim, cfg.rope_theta)
+    plan = cam_lib.ChannelPlan(cam_cfg, cfg.head_dim)
+    if plan.replace:  # hw_low_replace: the camera channels lose their RoPE
+      rope = jnp.where(jnp.asarray(plan.pair_mask), 0.0, rope)
+    if cam_cfg.encoding == "mrope":  # pose phases (ReWorld Eq. 1), zero-initialised MLP, on the camera channels
+      desc = cam_lib.pose_descriptor(cameras["c2w"], scale)
+      hid = nn.silu(dense(cam_cfg.mrope_hidden, (None, "mlp"), "mrope_mlp_in", jnp.float32)(desc))
+      delta = nn.Dense(cfg.num_heads * cfg.head_dim // 2, name="mrope_mlp_out", kernel_init=nn.with_logical_partitioning(
+          nn.initializers.zeros_init(), ("mlp", "heads")), bias_init=nn.with_logical_partitioning(
+              nn.initializers.zeros_init(), ("heads",)))(hid)
+      delta = delta.reshape(b, s_tok, 1, cfg.num_heads, cfg.head_dim // 2) * jnp.asarray(plan.pair_mask)
+      delta = jnp.broadcast_to(delta, (b, s_tok, n, cfg.num_heads, cfg.head_dim // 2))
+      rope = rope[:, :, None, :] + delta.reshape(b, s_tok * n, cfg.num_heads, cfg.head_dim // 2)
     tok_mask = None if mask is None else expand_frame_mask(mask, n)
 
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT[cfg.remat], prevent_cse=False)
     blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                     length=cfg.num_layers,
                      metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="blocks")
-    x, kv = blocks(x, cache, mod, rope, tok_mask, context)
+    x, kv = blocks(x, cache, mod, rope, tok_mask, context, cam)
 
     table = self.param("scale_shift_table",
                        nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")), (1, 2, cfg.dim))

@@ -21,6 +21,7 @@ class ProceduralConfig(tfds.core.BuilderConfig):
   num_train: int = 256
   num_eval: int = 35
   fov_deg: float = 70.0
+  clips_per_scene: int = 1
 
 
 CONFIGS = {
@@ -65,7 +66,8 @@ class ProceduralScenes(tfds.core.GeneratorBasedBuilder):
     c = self.builder_config
     common = dict(num_frames=c.num_frames, image_hw=tuple(c.image_hw), fov_deg=c.fov_deg)
     return {
-        "train": self._generate_examples(ProceduralClips("train", c.num_train, family="mixed", **common)),
+        "train": self._generate_examples(ProceduralClips("train", c.num_train, family="mixed",
+                                                         clips_per_scene=c.clips_per_scene, **common)),
         "eval": self._generate_examples(ProceduralClips("eval", c.num_eval, family="loops", **common)),
     }
 

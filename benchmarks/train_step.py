@@ -1,0 +1,161 @@
+"""Training-step throughput: jaxwm's teacher-forcing step, its model FLOPs utilisation against
+the measured float32 matmul rate, and the same backbone step in PyTorch with diffusers'
+``WanTransformer3DModel`` (dense attention, AdamW), side by side.
+
+  python benchmarks/train_step.py                 # tiny and small configs, CPU
+  python benchmarks/train_step.py --steps 20 --configs tiny
+
+Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from configs import small, tiny  # noqa: E402
+from jaxwm.models.config import ModelConfig  # noqa: E402
+from jaxwm.models.transformer import WanModel  # noqa: E402
+from jaxwm.training import sharding as sh  # noqa: E402
+from jaxwm.training.loop import Trainer  # noqa: E402
+
+
+def matmul_rate(n=2048, repeats=10):
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(repeats):
+    a = f(a) * 1e-3
+  a.block_until_ready()
+  return 2 * n**3 * repeats / (time.perf_counter() - t)
+
+
+def bench_jaxwm(config, steps):
+  """The real train step (teacher-forcing layout, chunk-causal mask, AdamW) on one device."""
+  tr = Trainer(config, "/tmp/jaxwm_bench", mesh=sh.make_mesh(1, 1, jax.devices()[:1]))
+  state = tr.init_state()
+  rng = np.random.default_rng(0)
+  d = config.data
+  batch = tr.put_batch({
+      "frames": rng.integers(0, 256, (d.batch_size, d.num_frames, d.image_size, d.image_size, 3), dtype=np.uint8),
+      "c2w": np.tile(np.eye(4, dtype=np.float32), (d.batch_size, d.num_frames, 1, 1)),
+      "intrinsics": np.tile(np.eye(3, dtype=np.float32), (d.batch_size, d.num_frames, 1, 1))})
+  key = jax.random.key(0)
+  compiled = tr.train_step.lower(state, batch, key).compile()
+  cost = compiled.cost_analysis()
+  flops = float((cost[0] if isinstance(cost, list) else cost)["flops"])
+  state, m = tr.train_step(state, batch, key)
+  jax.block_until_ready(m)
+  t = time.perf_counter()
+  for _ in range(steps):
+    state, m = tr.train_step(state, batch, key)
+  jax.block_until_ready(m)
+  dt = (time.perf_counter() - t) / steps
+  return dt, tr.tokens_per_step, flops
+
+
+def _backbone_shapes(config):
+  d = config.data
+  lat = d.image_size // d.latent_stride
+  seq = 2 * d.num_frames - 1 - config.recipe.chunk_size  # clean + noisy frames of the layout
+  return d.batch_size, seq, lat, 3 * d.latent_stride**2
+
+
+def bench_jaxwm_backbone(config, steps):
+  """Backbone only, shapes and work as the torch step: dense attention, 1-token cross-attention."""
+  b, s, lat, ch = _backbone_shapes(config)
+  cfg = ModelConfig.from_dict({**config.model, "cross_attn": True})
+  model = WanModel(cfg)
+  x = jax.random.normal(jax.random.key(0), (b, s, lat, lat, ch))
+  n_tok = s * (lat // 2) ** 2
+  t = jax.random.uniform(jax.random.key(1), (b, n_tok)) * 1000
+  ctx = jax.random.normal(jax.random.key(2), (b, 1, cfg.text_dim))
+  params = jax.jit(model.init)(jax.random.key(0), x, t, context=ctx)
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  params = nn.unbox(params)
+  tx = optax.adamw(1e-4)
+  opt = tx.init(params)
+
+  @jax.jit
+  def step(p, o):
+    def loss(p):
+      return jnp.mean(jnp.square(model.apply(p, x, t, context=ctx)[0] - x))
+    g = jax.grad(loss)(p)
+    u, o = tx.update(g, o, p)
+    return optax.apply_updates(p, u), o
+
+  params, opt = step(params, opt)
+  jax.block_until_ready(params)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    params, opt = step(params, opt)
+  jax.block_until_ready(params)
+  return (time.perf_counter() - t0) / steps, b * n_tok
+
+
+def bench_torch(config, steps, threads):
+  import torch  # pylint: disable=g-import-not-at-top
+  from diffusers import WanTransformer3DModel  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(threads)
+  b, s, lat, ch = _backbone_shapes(config)
+  m = config.model
+  model = WanTransformer3DModel(patch_size=tuple(m.patch_size), num_attention_heads=m.num_heads,
+                                attention_head_dim=m.dim // m.num_heads, in_channels=ch, out_channels=ch,
+                                text_dim=m.text_dim, freq_dim=m.freq_dim, ffn_dim=m.ffn_dim, num_layers=m.num_layers,
+                                cross_attn_norm=True, rope_max_seq_len=256).float()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+  x = torch.randn(b, ch, s, lat, lat)
+  n_tok = s * (lat // 2) ** 2
+  t = torch.rand(b, n_tok) * 1000
+  ctx = torch.randn(b, 1, m.text_dim)
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    out = model(hidden_states=x, timestep=t, encoder_hidden_states=ctx, return_dict=False)[0]
+    torch.mean((out - x) ** 2).backward()
+    opt.step()
+
+  step()
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    step()
+  return (time.perf_counter() - t0) / steps, b * n_tok
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--configs", default="tiny,small")
+  p.add_argument("--torch-threads", type=int, default=os.cpu_count())
+  args = p.parse_args()
+  rate = matmul_rate()
+  print(f"backend {jax.default_backend()}, {os.cpu_count()} cpus; measured float32 matmul rate "
+        f"{rate / 1e9:.1f} GFLOP/s (2048^3)")
+  print(f"{'config':>7} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} | "
+        f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9}")
+  for name in args.configs.split(","):
+    config = {"tiny": tiny, "small": small}[name].get_config()
+    config.train.workdir = "/tmp/jaxwm_bench"
+    dt, tokens, flops = bench_jaxwm(config, args.steps)
+    n_params = None
+    bdt, btok = bench_jaxwm_backbone(config, args.steps)
+    tdt, ttok = bench_torch(config, args.steps, args.torch_threads)
+    cfg = ModelConfig.from_dict(config.model)
+    n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
+    print(f"{name:>7} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
+          f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
+          f"{tdt / bdt:>8.2f}x")
+  print("MFU = XLA-counted FLOPs of the step / step time / measured matmul rate; "
+        "jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
+
+
+if __name__ == "__main__":
+  main()

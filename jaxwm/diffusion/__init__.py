@@ -1,0 +1,1 @@
+"""Flow-matching diffusion (DESIGN §9)."""

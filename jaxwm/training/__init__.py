@@ -1,0 +1,1 @@
+"""Training: teacher-forcing layout, sharding, optimiser, data pipeline, checkpoints, loop."""

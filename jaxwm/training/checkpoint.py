@@ -1,0 +1,71 @@
+"""Orbax checkpoints: train state (restored into the current mesh's shardings), data-iterator
+state and config, written atomically (a temporary directory renamed on completion), async
+where available, keeping the newest ``keep``.
+"""
+
+import json
+import logging
+import pathlib
+
+import grain.python as grain
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Saves and restores ``{state, data, config}`` under ``directory/<step>``."""
+
+  def __init__(self, directory, keep=3, async_save=True):
+    self.directory = pathlib.Path(directory).absolute()  # orbax needs absolute paths
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True),
+        item_handlers={"state": ocp.StandardCheckpointHandler(), "data": grain.PyGrainCheckpointHandler(),
+                       "config": ocp.JsonCheckpointHandler()},
+    )
+
+  def latest_step(self):
+    return self.manager.latest_step()
+
+  def all_steps(self):
+    return list(self.manager.all_steps())
+
+  def save(self, step, state, data_iterator=None, config=None):
+    items = {"state": ocp.args.StandardSave(state)}
+    if data_iterator is not None:
+      items["data"] = grain.PyGrainCheckpointSave(data_iterator)
+    if config is not None:
+      items["config"] = ocp.args.JsonSave(json.loads(config.to_json()) if hasattr(config, "to_json") else config)
+    self.manager.save(int(step), args=ocp.args.Composite(**items))
+    logging.info("checkpoint of step %d requested in %s", step, self.directory)
+
+  def restore(self, abstract_state, data_iterator=None, step=None):
+    """Restores into ``abstract_state`` (a pytree of ``jax.ShapeDtypeStruct`` with shardings).
+
+    Returns:
+      ``(state, step)``; ``data_iterator`` (if given) is advanced to its saved position.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iterator is not None:
+      items["data"] = grain.PyGrainCheckpointRestore(data_iterator)
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    return restored["state"], step
+
+  def restore_config(self, step=None):
+    step = self.latest_step() if step is None else step
+    return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def abstract_with_shardings(tree, shardings):
+  """``jax.ShapeDtypeStruct`` tree carrying ``shardings`` (the restore target for a mesh)."""
+  return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)

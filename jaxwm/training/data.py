@@ -1,0 +1,79 @@
+"""grain input pipeline over the procedural scenes: clip windows at a stride, resize, re-anchoring."""
+
+import logging
+import os
+
+import grain.python as grain
+import numpy as np
+
+from jaxwm.data.procedural import ProceduralClips
+from jaxwm.geometry.cameras import reanchor
+
+
+def _area_downsample(frames, factor):
+  if factor == 1:
+    return frames
+  f, h, w, c = frames.shape
+  x = frames.reshape(f, h // factor, factor, w // factor, factor, c).astype(np.float32).mean(axis=(2, 4))
+  return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+class ClipWindow(grain.RandomMapTransform):
+  """Random window of ``num_frames`` frames at ``frame_stride``; frames resized to ``image_size``
+  by integer area downsampling; cameras re-anchored on the window's first frame.
+
+  Output: ``frames`` uint8 ``[F, S, S, 3]``, ``c2w`` float32 ``[F, 4, 4]``, ``intrinsics``
+  float32 ``[F, 3, 3]`` (pixels of the output size).
+  """
+
+  def __init__(self, num_frames, frame_stride, image_size):
+    self.num_frames, self.frame_stride, self.image_size = num_frames, frame_stride, image_size
+
+  def random_map(self, clip, rng):
+    frames = np.asarray(clip["frames"])
+    total, h, w = frames.shape[:3]
+    span = (self.num_frames - 1) * self.frame_stride + 1
+    if span > total:
+      raise ValueError(f"a window of {self.num_frames} frames at stride {self.frame_stride} needs {span} frames; "
+                       f"clips have {total}")
+    if h != w or h % self.image_size:
+      raise ValueError(f"clip frames {h}x{w} cannot be area-downsampled to {self.image_size}")
+    start = int(rng.integers(0, total - span + 1))
+    idx = start + self.frame_stride * np.arange(self.num_frames)
+    factor = h // self.image_size
+    k = np.asarray(clip["intrinsics"], np.float32)[idx].copy()
+    k[:, :2] /= factor
+    return {
+        "frames": _area_downsample(frames[idx], factor),
+        "c2w": reanchor(np.asarray(clip["c2w"], np.float64)[idx]).astype(np.float32),
+        "intrinsics": k,
+    }
+
+
+def make_source(data_cfg, split="train"):
+  """The random-access source: the built TFDS split (``data.source = "tfds"``) or on-the-fly rendering."""
+  common = dict(num_frames=data_cfg.clip_frames, image_hw=(data_cfg.render_size, data_cfg.render_size))
+  if data_cfg.source == "procedural":
+    return ProceduralClips(split, data_cfg.num_clips if split == "train" else 35,
+                           family="mixed" if split == "train" else "loops",
+                           clips_per_scene=data_cfg.clips_per_scene if split == "train" else 1, **common)
+  if data_cfg.source == "tfds":
+    from jaxwm.data.procedural.tfds_builder import build, load_source  # pylint: disable=g-import-not-at-top
+    builder = build(os.path.expanduser(data_cfg.data_dir), "tiny", num_train=data_cfg.num_clips, num_eval=35,
+                    image_hw=common["image_hw"], num_frames=data_cfg.clip_frames,
+                    clips_per_scene=data_cfg.clips_per_scene)
+    logging.info("dataset %s at %s", builder.info.full_name, builder.data_dir)
+    return load_source(builder, split)
+  raise ValueError(f"data.source must be 'tfds' or 'procedural'; got {data_cfg.source!r}")
+
+
+def make_loader(data_cfg, seed, batch_size_per_process, split="train", num_epochs=None, shard=True):
+  """A ``grain.DataLoader`` of batches (a dict of stacked arrays); its iterator state is checkpointable."""
+  source = make_source(data_cfg, split)
+  sampler = grain.IndexSampler(
+      num_records=len(source),
+      shard_options=grain.ShardByJaxProcess(drop_remainder=True) if shard else grain.NoSharding(),
+      shuffle=True, num_epochs=num_epochs, seed=seed)
+  ops = [ClipWindow(data_cfg.num_frames, data_cfg.frame_stride, data_cfg.image_size),
+         grain.Batch(batch_size_per_process, drop_remainder=True)]
+  return grain.DataLoader(data_source=source, sampler=sampler, operations=ops, worker_count=data_cfg.worker_count)
