@@ -72,7 +72,7 @@ def _backbone_shapes(config):
 def bench_jaxwm_backbone(config, steps):
   """Backbone only, shapes and work as the torch step: dense attention, 1-token cross-attention."""
   b, s, lat, ch = _backbone_shapes(config)
-  cfg = ModelConfig.from_dict({**config.model, "cross_attn": True})
+  cfg = ModelConfig.from_dict({**config.model, "cross_attn": True, "camera": {"encoding": "rope3d"}})
   model = WanModel(cfg)
   x = jax.random.normal(jax.random.key(0), (b, s, lat, lat, ch))
   n_tok = s * (lat // 2) ** 2

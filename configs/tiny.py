@@ -12,7 +12,7 @@ def get_config():
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = ml_collections.ConfigDict(dict(
-      dim=128, num_heads=4, num_layers=4, ffn_dim=512, in_channels=48, out_channels=48, patch_size=(1, 2, 2),
+      dim=192, num_heads=4, num_layers=4, ffn_dim=384, in_channels=48, out_channels=48, patch_size=(1, 2, 2),
       text_dim=64, freq_dim=64, eps=1e-6, cross_attn=False, cross_attn_norm=True, rope_theta=10000.0,
       dtype="float32", remat="none", attention_impl="xla"))
   # Camera conditioning (DESIGN §4): ViewRope on the 12 lowest temporal channels of each head.
@@ -20,18 +20,19 @@ def get_config():
   c.model.camera = ml_collections.ConfigDict(dict(
       encoding="viewrope", channels="t_low", per_token=False, translation_scale=1.0, plucker=False, vae_stride=4,
       mrope_hidden=64))
-  # Rendered at 64x64, trained at 32x32; latents by space-to-depth (stride 4): 8x8x48; patch 2: 16 tokens per frame.
+  # Rendered at 64x64, trained at 32x32; latents by space-to-depth (stride 4): 8x8x48; patch 2: 16 tokens per
+  # frame of 192 values, so model.dim >= 192 (a narrower model cannot pass the noise through and samples stay noisy).
   c.data = ml_collections.ConfigDict(dict(
       source="tfds", data_dir="data/tfds", num_clips=256, clips_per_scene=8, clip_frames=17, render_size=64,
-      image_size=32, latent_stride=4, num_frames=9, frame_stride=2, batch_size=8, worker_count=0))
-  c.recipe = ml_collections.ConfigDict(dict(chunk_size=2, timestep_distribution="logit_normal", timestep_shift=1.0))
+      image_size=32, latent_stride=4, num_frames=9, frame_stride=2, batch_size=4, worker_count=0))
+  c.recipe = ml_collections.ConfigDict(dict(chunk_size=2, timestep_distribution="uniform", timestep_shift=1.0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=50, end_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.99, eps=1e-8, grad_clip=1.0,
       ema_decay=0.0))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
-      num_steps=600, log_every=10, ckpt_every=200, keep=3, async_checkpoint=True, sample_every=300,
+      num_steps=900, log_every=10, ckpt_every=300, keep=3, async_checkpoint=True, sample_every=450,
       workdir="runs/tiny", distributed=False))
   c.sample = ml_collections.ConfigDict(dict(num_steps=10, shift=3.0, guidance=1.0))
   return c

@@ -8,7 +8,13 @@ if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import sys  # noqa: E402
 import tempfile  # noqa: E402
+
+# The repository root (configs/, train.py, sample.py) is importable from the tests.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -61,11 +67,6 @@ def random_intrinsics(rng, n, hw=(48, 64)):
 
 def tiny_config(**overrides):
   """A very small training config: 16x16 frames rendered on the fly, 5 frames, 2-layer model."""
-  import sys  # pylint: disable=g-import-not-at-top
-  import pathlib  # pylint: disable=g-import-not-at-top
-  root = str(pathlib.Path(__file__).resolve().parents[1])
-  if root not in sys.path:
-    sys.path.insert(0, root)
   from configs import tiny  # pylint: disable=g-import-not-at-top
   c = tiny.get_config()
   c.model.update(dim=64, num_heads=2, num_layers=2, ffn_dim=64, freq_dim=32, text_dim=16)

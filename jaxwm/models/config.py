@@ -8,6 +8,16 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_save
 ENCODINGS = ("rope3d", "viewrope", "gta", "prope", "mrope")
 
 
+def _checked_fields(cls, d, where):
+  """``dict(d)``, raising ``ValueError`` on keys that are not fields of dataclass ``cls``."""
+  d = dict(d)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(d) - names)
+  if unknown:
+    raise ValueError(f"unknown {where} config key(s) {unknown}; valid keys: {sorted(names)}")
+  return d
+
+
 @dataclasses.dataclass(frozen=True)
 class CameraConfig:
   """How cameras condition the model (DESIGN §4).
@@ -32,11 +42,7 @@ class CameraConfig:
 
   @classmethod
   def from_dict(cls, d):
-    d = dict(d)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-      raise ValueError(f"unknown model.camera config key(s) {unknown}; valid keys: {sorted(names)}")
+    d = _checked_fields(cls, d, "model.camera")
     if isinstance(d.get("channels"), (list, tuple)):
       d["channels"] = tuple(tuple(r) for r in d["channels"])
     return cls(**d)
@@ -59,6 +65,7 @@ class ModelConfig:
     rope_theta: RoPE base.
     dtype: compute dtype name (``float32`` / ``bfloat16``); parameters stay float32.
     remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
+    scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
     attention_impl: ``xla`` | ``cudnn`` | ``auto`` (see ``jaxwm.ops.attention``).
   """
   dim: int = 128
@@ -76,6 +83,7 @@ class ModelConfig:
   rope_theta: float = 10000.0
   dtype: str = "float32"
   remat: str = "none"
+  scan_unroll: int = 1
   attention_impl: str = "xla"
   camera: CameraConfig = CameraConfig()
 
@@ -111,11 +119,7 @@ class ModelConfig:
   @classmethod
   def from_dict(cls, d):
     """From a mapping (e.g. an ml-collections ``ConfigDict``); unknown keys are an error."""
-    d = dict(d)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-      raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(names)}")
+    d = _checked_fields(cls, d, "model")
     if "patch_size" in d:
       d["patch_size"] = tuple(d["patch_size"])
     if "camera" in d and not isinstance(d["camera"], CameraConfig):

@@ -239,7 +239,7 @@ class WanModel(nn.Module):
       block = nn.remat(Block, policy=_REMAT[cfg.remat], prevent_cse=False)
     blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-                     length=cfg.num_layers,
+                     length=cfg.num_layers, unroll=cfg.scan_unroll,
                      metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="blocks")
     x, kv = blocks(x, cache, mod, rope, tok_mask, context, cam)
 
