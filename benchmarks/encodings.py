@@ -22,7 +22,7 @@ from jaxwm.models.config import CameraConfig, ModelConfig
 from jaxwm.models.transformer import Attention, token_positions
 
 VARIANTS = [("rope3d", {}), ("viewrope", {}), ("viewrope all", {"channels": "all"}), ("gta", {}), ("prope", {}),
-            ("prope per-token", {"per_token": True}), ("mrope", {})]
+            ("prope per-token", {"per_token": True}), ("mrope", {}), ("worldrope", {"channels": "hw"})]
 SHAPES = {"tiny": dict(dim=128, num_heads=4, grid=(4, 4), frames=8),
           "wan5b": dict(dim=3072, num_heads=24, grid=(15, 26), frames=4)}
 

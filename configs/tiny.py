@@ -16,10 +16,11 @@ def get_config():
       text_dim=64, freq_dim=64, eps=1e-6, cross_attn=False, cross_attn_norm=True, rope_theta=10000.0,
       dtype="float32", remat="none", attention_impl="xla"))
   # Camera conditioning (DESIGN §4): ViewRope on the 12 lowest temporal channels of each head.
-  # encoding: rope3d | viewrope | gta | prope | mrope; channels: t_low | hw_low | hw_low_replace | all | ranges.
+  # encoding: rope3d | viewrope | gta | prope | mrope | worldrope;
+  # channels: t_low | hw_low | hw_low_replace | all | hw (WorldRoPE) | [[start, end], ...].
   c.model.camera = ml_collections.ConfigDict(dict(
       encoding="viewrope", channels="t_low", per_token=False, translation_scale=1.0, plucker=False, vae_stride=4,
-      mrope_hidden=64))
+      mrope_hidden=64, hypotheses=4, depth_range=(1.0, 6.0), mixed_frequencies=False))
   # Rendered at 64x64, trained at 32x32; latents by space-to-depth (stride 4): 8x8x48; patch 2: 16 tokens per
   # frame of 192 values, so model.dim >= 192 (a narrower model cannot pass the noise through and samples stay noisy).
   c.data = ml_collections.ConfigDict(dict(

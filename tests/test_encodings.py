@@ -30,11 +30,13 @@ VARIANTS = {
     "prope_per_token": dict(encoding="prope", per_token=True),
     "mrope": dict(encoding="mrope"),
     "plucker": dict(encoding="rope3d", plucker=True),
+    "worldrope": dict(encoding="worldrope", channels="hw"),
+    "worldrope_mixed": dict(encoding="worldrope", channels="hw", mixed_frequencies=True, hypotheses=2),
 }
 
 
 def _cfg(**cam):
-  base = BASE if cam.get("channels", "t_low") == "t_low" else dataclasses.replace(BASE, dim=128)  # hw blocks >= 12
+  base = BASE if cam.get("channels", "t_low") in ("t_low", "hw") else dataclasses.replace(BASE, dim=128)  # hw >= 12
   return dataclasses.replace(base, camera=CameraConfig(**cam))
 
 
@@ -112,7 +114,8 @@ def test_viewrope_relative_rotation_identity(rng):
 
 
 @pytest.mark.parametrize("name,world", [("viewrope", "rotation"), ("viewrope_hw_low_replace", "rotation"),
-                                        ("gta", "se3"), ("prope", "se3"), ("prope_per_token", "se3")])
+                                        ("gta", "se3"), ("prope", "se3"), ("prope_per_token", "se3"),
+                                        ("worldrope", "se3"), ("worldrope_mixed", "se3")])
 def test_invariance_to_world_frame(data, rng, name, world):
   model = WanModel(_cfg(**VARIANTS[name]))
   variables = _perturb_params(_init(model, data))
@@ -229,7 +232,7 @@ def test_streaming_equals_training_layout(data, name):
     cache = commit_j(cache, data["clip"][:, frames], pos, cams)
 
 
-@pytest.mark.parametrize("name", ["viewrope", "prope_per_token", "mrope", "plucker"])
+@pytest.mark.parametrize("name", ["viewrope", "prope_per_token", "mrope", "plucker", "worldrope"])
 def test_tiny_model_trains_with_encoding(name, tmp_path):
   from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
   from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
@@ -254,6 +257,7 @@ def test_tiny_model_trains_with_encoding(name, tmp_path):
     ("prope", [[28, 36]], "outside the head's 32 channels"),
     ("viewrope", "t_high", "is not a placement"),
     ("viewrope", "hw_low", "needs 12 channels in each of the h and w RoPE blocks"),
+    ("worldrope", "t_low", "must be whole h/w RoPE pairs"),
     ("gta", [[0, 8], [4, 12]], "overlap"),
 ])
 def test_bad_channel_ranges_are_rejected(enc, channels, match):

@@ -69,6 +69,12 @@ def camera_tensors(cam_cfg, c2w, intrinsics, scale, grid_hw, patch_hw):
   stride = (cam_cfg.vae_stride, cam_cfg.vae_stride)
   c2w = c2w.astype(jnp.float32)
   k = intrinsics.astype(jnp.float32)
+  if enc == "worldrope":
+    c2w_s = _scaled_c2w(c2w, scale * cam_cfg.translation_scale)
+    uv = token_pixel_centers(grid_hw, patch_hw, stride, xp=jnp).reshape(n, 2)
+    s = c2w.shape[1]
+    return {"uv": jnp.tile(uv, (s, 1)), "key_c2w": _per_token(c2w_s, n), "key_k": _per_token(k, n),
+            "q_c2w": c2w_s, "q_k": k}
   if enc == "viewrope":
     rays = pixel_rays(k, token_pixel_centers(grid_hw, patch_hw, stride, xp=jnp))  # [B, S, h', w', 3]
     r_local = rotation_z_to(rays).reshape(rays.shape[:2] + (n, 3, 3))

@@ -6,12 +6,13 @@ head of ``D`` channels split ``[t | h | w]`` by the backbone RoPE:
 - ``t_low``: the 12 lowest-frequency temporal channels ``[t - 12, t)`` (``[32, 44)`` at D = 128);
 - ``hw_low`` / ``hw_low_replace``: the 12 lowest-frequency channels of ``h`` and of ``w``
   (``[74, 86) + [116, 128)`` at D = 128); ``_replace`` switches the RoPE of those channels off;
-- ``all``: every channel (rounded down to the encoding's unit).
+- ``all``: every channel (rounded down to the encoding's unit);
+- ``hw``: every h and w channel ``[t, D)`` (WorldRoPE's placement: time RoPE stays on ``t``).
 """
 
 from jaxwm.encodings.rope3d import rope_axis_dims
 
-PLACEMENTS = ("t_low", "hw_low", "hw_low_replace", "all")
+PLACEMENTS = ("t_low", "hw_low", "hw_low_replace", "all", "hw")
 UNITS = {"viewrope": 3, "gta": 4, "prope": 4, "mrope": 4, "worldrope": 2}
 
 
@@ -37,6 +38,8 @@ def resolve_channels(channels, head_dim, encoding):
         raise ValueError(f"model.camera.channels={channels!r} needs 12 channels in each of the h and w RoPE blocks; "
                          f"head dim {head_dim} has {h}")
       ranges = [(t + h - 12, t + h), (head_dim - 12, head_dim)]
+    elif channels == "hw":
+      ranges = [(t, head_dim)]
     else:
       ranges = [(0, head_dim - head_dim % unit)]
   else:
@@ -53,6 +56,9 @@ def resolve_channels(channels, head_dim, encoding):
     raise ValueError(f"model.camera.channels ranges {ranges} overlap")
   if not flat:
     raise ValueError("model.camera.channels selects no channel")
+  if encoding == "worldrope" and (min(flat) < t or any(s % 2 for s, _ in ranges)):
+    raise ValueError(f"model.camera.channels {ranges} for 'worldrope' must be whole h/w RoPE pairs (channels >= {t}); "
+                     "use 'hw'")
   return tuple(ranges), replace
 
 

@@ -5,7 +5,7 @@ import dataclasses
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-ENCODINGS = ("rope3d", "viewrope", "gta", "prope", "mrope")
+ENCODINGS = ("rope3d", "viewrope", "gta", "prope", "mrope", "worldrope")
 
 
 def _checked_fields(cls, d, where):
@@ -23,7 +23,8 @@ class CameraConfig:
   """How cameras condition the model (DESIGN §4).
 
   Attributes:
-    encoding: ``rope3d`` (none: the backbone RoPE only), ``viewrope``, ``gta``, ``prope``, ``mrope``.
+    encoding: ``rope3d`` (none: the backbone RoPE only), ``viewrope``, ``gta``, ``prope``, ``mrope``,
+      ``worldrope``.
     channels: a placement name (``t_low``, ``hw_low``, ``hw_low_replace``, ``all``) or a list
       of ``[start, end)`` head-channel ranges; see ``jaxwm.encodings.channels``.
     per_token: GTA/PRoPE: one transform per token (the ray's local frame) instead of per frame.
@@ -31,6 +32,9 @@ class CameraConfig:
     plucker: Plücker action injection into the patch embeddings (ReWorld §2.2), zero-initialised.
     vae_stride: pixels per latent pixel (token pixel centres and PRoPE's image size).
     mrope_hidden: width of MRoPE's pose MLP.
+    hypotheses: WorldRoPE depth hypotheses per key token (M).
+    depth_range: WorldRoPE initial depths, spread evenly over ``[lo, hi]`` (scene units).
+    mixed_frequencies: WorldRoPE mixed (golden-angle) instead of axial 2-D frequencies.
   """
   encoding: str = "rope3d"
   channels: object = "t_low"
@@ -39,12 +43,17 @@ class CameraConfig:
   plucker: bool = False
   vae_stride: int = 4
   mrope_hidden: int = 64
+  hypotheses: int = 4
+  depth_range: tuple = (1.0, 6.0)
+  mixed_frequencies: bool = False
 
   @classmethod
   def from_dict(cls, d):
     d = _checked_fields(cls, d, "model.camera")
     if isinstance(d.get("channels"), (list, tuple)):
       d["channels"] = tuple(tuple(r) for r in d["channels"])
+    if "depth_range" in d:
+      d["depth_range"] = tuple(d["depth_range"])
     return cls(**d)
 
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxwm.encodings import camera as cam_lib
+from jaxwm.encodings import worldrope as wr_lib
 from jaxwm.encodings.rope3d import apply_rotary, rope3d_angles
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.embeddings import TextProjection, TimeEmbedding
@@ -36,9 +37,11 @@ def _constrain(x, axes):
 class Attention(nn.Module):
   """Multi-head attention with q/k RMSNorm across heads (Wan).
 
-  Self-attention: ``__call__(x, rope=angles, mask=..., cache=(k, v), cam=tensors)`` returns
-  the output and this call's own encoded ``(k, v)`` (what a commit writes to the cache: keys
-  and values keep the transform of their own camera). Cross-attention: ``__call__(x, context=ctx)``.
+  Self-attention: ``__call__(x, rope=angles, mask=..., cache={"k", "v", ...}, cam=tensors)``
+  returns the output and this call's own cache entries ``{"k", "v", ...}`` (what a commit
+  writes: keys and values keep the transform of their own camera; WorldRoPE keeps the
+  pre-transform keys and each key's Gaussians, ``wr_mean``, ``wr_cov``, ``wr_alpha``).
+  Cross-attention: ``__call__(x, context=ctx)``.
   """
   cfg: ModelConfig
 
@@ -52,10 +55,12 @@ class Attention(nn.Module):
     k = RMSNorm(cfg.eps, name="norm_k")(dense(cfg.dim, ("embed", "heads"), "to_k", dt)(src))
     v = dense(cfg.dim, ("embed", "heads"), "to_v", dt)(src)
     q, k, v = (a.reshape(a.shape[:2] + (h, d)) for a in (q, k, v))
-    if rope is not None:
-      q, k = apply_rotary(q, rope), apply_rotary(k, rope)
     enc = cfg.camera.encoding if (context is None and cam is not None) else "rope3d"
     plan = cam_lib.ChannelPlan(cfg.camera, d)
+    if enc == "worldrope":
+      return self._worldrope(x, q, k, v, rope, mask, cache, cam, plan)
+    if rope is not None:
+      q, k = apply_rotary(q, rope), apply_rotary(k, rope)
     if enc == "viewrope":
       q, k = cam_lib.viewrope_rotate(q, cam["rot"], plan.idx), cam_lib.viewrope_rotate(k, cam["rot"], plan.idx)
     elif enc in ("gta", "prope"):
@@ -68,10 +73,10 @@ class Attention(nn.Module):
                                    plan.idx)[..., plan.idx]
       v = v + nn.Dense(d, name="mrope_v", dtype=cfg.compute_dtype, use_bias=False, kernel_init=nn.with_logical_partitioning(
           nn.initializers.zeros_init(), (None, None)))(res)
-    own = (k, v)
+    own = {"k": k, "v": v}
     if cache is not None:
-      k = jnp.concatenate([cache[0].astype(k.dtype), k], axis=1)
-      v = jnp.concatenate([cache[1].astype(v.dtype), v], axis=1)
+      k = jnp.concatenate([cache["k"].astype(k.dtype), k], axis=1)
+      v = jnp.concatenate([cache["v"].astype(v.dtype), v], axis=1)
     q = _constrain(q, ("batch", "length", "act_heads", "act_kv"))
     out = dot_product_attention(q, k, v, mask, impl=cfg.attention_impl)
     extra = None
@@ -84,11 +89,37 @@ class Attention(nn.Module):
     out = dense(cfg.dim, ("heads", "embed"), "to_out", dt)(out.reshape(out.shape[:2] + (cfg.dim,)))
     return (out if extra is None else out + extra), own
 
+  def _worldrope(self, x, q, k, v, rope, mask, cache, cam, plan):
+    """WorldRoPE self-attention (``jaxwm.encodings.worldrope``): per-query-view keys."""
+    cfg, cc = self.cfg, self.cfg.camera
+    keep = jnp.asarray(~plan.pair_mask, jnp.float32)
+    q, k = apply_rotary(q, rope), apply_rotary(k, rope * keep)  # keys: time RoPE only
+    m = cc.hypotheses
+    raw = nn.Dense(3 * m, name="depth_head", kernel_init=nn.with_logical_partitioning(
+        nn.initializers.zeros_init(), ("embed", None)), bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros_init(), (None,)))(x.astype(jnp.float32))
+    pixels = cfg.patch_size[1] * cc.vae_stride
+    gauss = wr_lib.key_gaussians(raw, cam["uv"], cam["key_k"], cam["key_c2w"], pixels,
+                                 jnp.linspace(cc.depth_range[0], cc.depth_range[1], m))
+    own = {"k": k, "v": v, **{f"wr_{name}": a for name, a in gauss.items()}}
+    if cache is not None:
+      own_all = {name: jnp.concatenate([cache[name].astype(a.dtype), a], axis=1) for name, a in own.items()}
+    else:
+      own_all = own
+    pairs = sorted({c // 2 for c in plan.idx})
+    freqs = wr_lib.hw_frequencies(cfg.head_dim, pairs, cfg.rope_theta, cc.mixed_frequencies)
+    k_views = wr_lib.transform_keys(own_all["k"], {n: own_all[f"wr_{n}"] for n in ("mean", "cov", "alpha")},
+                                    cam["q_k"], cam["q_c2w"], freqs, pairs, pixels)
+    n_tok = q.shape[1] // cam["q_k"].shape[1]
+    out = wr_lib.per_view_attention(q, k_views, own_all["v"], mask, n_tok)
+    out = dense(cfg.dim, ("heads", "embed"), "to_out", cfg.compute_dtype)(out.reshape(out.shape[:2] + (cfg.dim,)))
+    return out, own
+
 
 class Block(nn.Module):
   """One DiT block: modulated self-attention, optional cross-attention, modulated GELU-tanh FFN.
 
-  Scanned over layers: ``__call__(x, cache, mod, rope, mask, context, cam) -> (x, (k, v))``.
+  Scanned over layers: ``__call__(x, cache, mod, rope, mask, context, cam) -> (x, own cache entries)``.
   ``mod [B, L, 6, dim]`` is the shared time modulation (shift, scale, gate for attention,
   then for the FFN), to which the block adds its own ``scale_shift_table``.
   """
@@ -163,16 +194,17 @@ class WanModel(nn.Module):
     frame_pos: ``[B, S]`` temporal RoPE positions (default ``0..S-1``).
     mask: frame-level bool ``[B, S, S_cache + S]`` (True = attend), or None (dense).
     context: ``[B, Lt, text_dim]`` conditioning sequence (used when ``cross_attn``).
-    cache: ``(k, v)`` with ``[num_layers, B, S_cache*N, H, Dh]`` each: keys/values of
-      earlier frames, already encoded (RoPE and camera), read but not written.
+    cache: ``{"k": ..., "v": ..., ...}`` with ``[num_layers, B, S_cache*N, H, Dh]`` keys/values
+      of earlier frames, already encoded (RoPE and camera), read but not written (WorldRoPE
+      adds each key's Gaussians, see :class:`Attention`).
     cameras: dict with ``c2w [B, S, 4, 4]`` (re-anchored on the clip's first frame),
       ``intrinsics [B, S, 3, 3]`` (pixels of the frames), optional ``scale [B]`` (translation
       multiplier, e.g. ``trajectory_scale`` of the whole trajectory); required when the model
       is camera-conditioned (``model.camera``).
 
   Returns:
-    ``(velocity [B, S, h, w, C_out] float32, (k, v))`` with this call's own keys/values per
-    layer, ``[num_layers, B, S*N, H, Dh]`` (what a streaming commit stores).
+    ``(velocity [B, S, h, w, C_out] float32, entries)`` with this call's own cache entries per
+    layer, ``{"k", "v": [num_layers, B, S*N, H, Dh], ...}`` (what a streaming commit stores).
   """
   cfg: ModelConfig
 

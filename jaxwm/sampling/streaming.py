@@ -19,17 +19,28 @@ from jaxwm.models.transformer import WanModel
 
 @flax.struct.dataclass
 class KVCache:
-  """``k, v``: ``[num_layers, B, max_frames * N, H, Dh]``; ``valid``: ``[B, max_frames]``; ``length``: frames written."""
+  """``k, v``: ``[num_layers, B, max_frames * N, H, Dh]``; ``valid``: ``[B, max_frames]``; ``length``:
+  frames written; ``aux``: further per-key entries (WorldRoPE's ``wr_mean``, ``wr_cov``, ``wr_alpha``)."""
   k: jax.Array
   v: jax.Array
   valid: jax.Array
   length: jax.Array
+  aux: dict = flax.struct.field(default_factory=dict)
 
   @classmethod
   def empty(cls, cfg, batch, max_frames, tokens_per_frame, dtype=jnp.float32):
-    shape = (cfg.num_layers, batch, max_frames * tokens_per_frame, cfg.num_heads, cfg.head_dim)
+    lead = (cfg.num_layers, batch, max_frames * tokens_per_frame)
+    shape = lead + (cfg.num_heads, cfg.head_dim)
+    aux = {}
+    if cfg.camera.encoding == "worldrope":
+      m = cfg.camera.hypotheses
+      aux = {"wr_mean": jnp.zeros(lead + (m, 3)), "wr_cov": jnp.zeros(lead + (m, 3, 3)),
+             "wr_alpha": jnp.zeros(lead + (m,))}
     return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, max_frames), bool),
-               jnp.zeros((), jnp.int32))
+               jnp.zeros((), jnp.int32), aux)
+
+  def entries(self):
+    return {"k": self.k, "v": self.v, **self.aux}
 
 
 def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, cameras=None):
@@ -44,18 +55,19 @@ def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, camera
   mask = jnp.concatenate([jnp.broadcast_to(cache.valid[:, None, :], (b, sc, cache.valid.shape[1])),
                           jnp.ones((b, sc, sc), bool)], axis=-1)
   return model.apply(variables, x, t * flow.TIMESTEP_SCALE, frame_pos=frame_pos, mask=mask, context=context,
-                     cache=(cache.k, cache.v), cameras=cameras)
+                     cache=cache.entries(), cameras=cameras)
 
 
 def commit(model, variables, cache, x, frame_pos, context=None, cameras=None):
   """Writes the keys/values of clean chunk ``x`` (forward at ``t = 0``) after the cache's valid frames."""
   b, sc = x.shape[:2]
-  _, (k, v) = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras)
-  n = k.shape[2] // sc
+  _, own = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras)
+  n = own["k"].shape[2] // sc
   start = cache.length * n
+  new = {name: jax.lax.dynamic_update_slice_in_dim(buf, own[name].astype(buf.dtype), start, axis=2)
+         for name, buf in cache.entries().items()}
   return cache.replace(
-      k=jax.lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype), start, axis=2),
-      v=jax.lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype), start, axis=2),
+      k=new.pop("k"), v=new.pop("v"), aux=new,
       valid=jax.lax.dynamic_update_slice_in_dim(cache.valid, jnp.ones((b, sc), bool), cache.length, axis=1),
       length=cache.length + sc)
 
