@@ -232,7 +232,7 @@ def test_streaming_equals_training_layout(data, name):
     cache = commit_j(cache, data["clip"][:, frames], pos, cams)
 
 
-@pytest.mark.parametrize("name", ["viewrope", "prope_per_token", "mrope", "plucker", "worldrope"])
+@pytest.mark.parametrize("name", ["viewrope", "prope_per_token", "worldrope"])  # mrope/plucker: see zero-init tests
 def test_tiny_model_trains_with_encoding(name, tmp_path):
   from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
   from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
