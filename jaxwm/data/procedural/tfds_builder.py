@@ -87,7 +87,13 @@ def build(data_dir, config="tiny", **overrides):
   if overrides:
     cfg = dataclasses.replace(cfg, **overrides)
     cfg = dataclasses.replace(cfg, name=config + "_" + "_".join(f"{k}{_fmt(v)}" for k, v in sorted(overrides.items())))
-  builder = ProceduralScenes(data_dir=str(data_dir), config=cfg, file_format="array_record")
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  level = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS warns about every derived config
+  try:
+    builder = ProceduralScenes(data_dir=str(data_dir), config=cfg, file_format="array_record")
+  finally:
+    absl_logging.set_verbosity(level)
   builder.download_and_prepare()
   return builder
 
