@@ -69,8 +69,7 @@ class Attention(nn.Module):
       k = cam_lib.tile_transform(k, cam["g_inv"], plan.idx)
       v = cam_lib.tile_transform(v, cam["g_inv"], plan.idx)
     elif enc == "mrope":  # v' = v + W_v (P^-1 . v), zero-initialised (ReWorld Eq. 1)
-      res = cam_lib.tile_transform(jnp.zeros_like(v).at[..., plan.idx].set(v[..., plan.idx]), cam["g_inv"],
-                                   plan.idx)[..., plan.idx]
+      res = cam_lib.tile_transform(v, cam["g_inv"], plan.idx)[..., plan.idx]
       v = v + nn.Dense(d, name="mrope_v", dtype=cfg.compute_dtype, use_bias=False, kernel_init=nn.with_logical_partitioning(
           nn.initializers.zeros_init(), (None, None)))(res)
     own = {"k": k, "v": v}
