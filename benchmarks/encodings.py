@@ -8,7 +8,6 @@ cost analysis of the compiled call and CPU time, each as a ratio to ``rope3d``.
 """
 
 import argparse
-import dataclasses
 import time
 
 import flax.linen as nn

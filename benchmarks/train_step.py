@@ -145,7 +145,6 @@ def main():
     config = {"tiny": tiny, "small": small}[name].get_config()
     config.train.workdir = "/tmp/jaxwm_bench"
     dt, tokens, flops = bench_jaxwm(config, args.steps)
-    n_params = None
     bdt, btok = bench_jaxwm_backbone(config, args.steps)
     tdt, ttok = bench_torch(config, args.steps, args.torch_threads)
     cfg = ModelConfig.from_dict(config.model)
