@@ -21,6 +21,10 @@ def get_config():
   c.model.camera = ml_collections.ConfigDict(dict(
       encoding="viewrope", channels="t_low", per_token=False, translation_scale=1.0, plucker=False, vae_stride=4,
       mrope_hidden=64, hypotheses=4, depth_range=(1.0, 6.0), mixed_frequencies=False))
+  # Frame sparsity of self-attention (DESIGN §6): dense | sliding_window | frame_topk (ViewRope Eqs. 9-12);
+  # selection: topk | random | exclude_selected; impl: xla | pallas_tpu | pallas_gpu.
+  c.model.attention = ml_collections.ConfigDict(dict(
+      sparsity="dense", top_k=5, num_samples=10, window=4, selection="topk", impl="xla", interpret=False))
   # Rendered at 64x64, trained at 32x32; latents by space-to-depth (stride 4): 8x8x48; patch 2: 16 tokens per
   # frame of 192 values, so model.dim >= 192 (a narrower model cannot pass the noise through and samples stay noisy).
   c.data = ml_collections.ConfigDict(dict(

@@ -57,6 +57,55 @@ class CameraConfig:
     return cls(**d)
 
 
+SPARSITIES = ("dense", "sliding_window", "frame_topk")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  """Which history frames self-attention reads (DESIGN §6; ViewRope §3.3).
+
+  Attributes:
+    sparsity: ``dense`` (the whole chunk-causal history), ``sliding_window`` (the latest
+      ``window`` history frames) or ``frame_topk`` (the ``top_k`` most relevant history
+      frames by Eq. 9); the query's own chunk is always attended.
+    top_k: history frames per query frame for ``frame_topk``.
+    num_samples: token positions per frame used to score relevance (``K_s``).
+    window: history frames for ``sliding_window``.
+    selection: ``topk`` | ``random`` | ``exclude_selected`` (Table 4's counterfactuals; the
+      random modes need an rng stream ``frame_select``).
+    impl: ``xla`` (the ``jnp`` reference) | ``pallas_tpu`` | ``pallas_gpu``.
+    interpret: run the Pallas kernels in interpret mode (CPU).
+  """
+  sparsity: str = "dense"
+  top_k: int = 5
+  num_samples: int = 10
+  window: int = 4
+  selection: str = "topk"
+  impl: str = "xla"
+  interpret: bool = False
+
+  def __post_init__(self):
+    from jaxwm.ops import frame_sparse  # pylint: disable=g-import-not-at-top
+    if self.sparsity not in SPARSITIES:
+      raise ValueError(f"model.attention.sparsity must be one of {SPARSITIES}; got {self.sparsity!r}")
+    if self.selection not in frame_sparse.SELECTION_MODES:
+      raise ValueError(f"model.attention.selection must be one of {frame_sparse.SELECTION_MODES}; "
+                       f"got {self.selection!r}")
+    if self.impl not in frame_sparse.IMPLS:
+      raise ValueError(f"model.attention.impl must be one of {frame_sparse.IMPLS}; got {self.impl!r}")
+    for name in ("top_k", "num_samples", "window"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"model.attention.{name} must be >= 1; got {getattr(self, name)}")
+
+  @property
+  def sparse(self):
+    return self.sparsity != "dense"
+
+  @classmethod
+  def from_dict(cls, d):
+    return cls(**_checked_fields(cls, d, "model.attention"))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Wan 2.x DiT shape and options.
@@ -75,7 +124,8 @@ class ModelConfig:
     dtype: compute dtype name (``float32`` / ``bfloat16``); parameters stay float32.
     remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
-    attention_impl: ``xla`` | ``cudnn`` | ``auto`` (see ``jaxwm.ops.attention``).
+    attention_impl: ``xla`` | ``cudnn`` | ``auto`` (see ``jaxwm.ops.attention``), for dense attention.
+    attention: frame sparsity of self-attention (:class:`AttentionConfig`).
   """
   dim: int = 128
   num_heads: int = 4
@@ -95,6 +145,7 @@ class ModelConfig:
   scan_unroll: int = 1
   attention_impl: str = "xla"
   camera: CameraConfig = CameraConfig()
+  attention: AttentionConfig = AttentionConfig()
 
   def __post_init__(self):
     if self.dim % self.num_heads:
@@ -112,6 +163,11 @@ class ModelConfig:
     if self.camera.encoding != "rope3d":
       from jaxwm.encodings.channels import resolve_channels  # pylint: disable=g-import-not-at-top
       resolve_channels(self.camera.channels, self.head_dim, self.camera.encoding)
+    if self.attention.sparse and self.camera.encoding == "worldrope":
+      raise ValueError(f"model.attention.sparsity={self.attention.sparsity!r} is not supported with WorldRoPE "
+                       "(its keys depend on the query view); use sparsity='dense'")
+    if self.attention.sparse and self.patch_size[0] != 1:
+      raise ValueError(f"frame-sparse attention needs model.patch_size[0] == 1; got {self.patch_size}")
 
   @property
   def camera_conditioned(self):
@@ -133,4 +189,6 @@ class ModelConfig:
       d["patch_size"] = tuple(d["patch_size"])
     if "camera" in d and not isinstance(d["camera"], CameraConfig):
       d["camera"] = CameraConfig.from_dict(d["camera"])
+    if "attention" in d and not isinstance(d["attention"], AttentionConfig):
+      d["attention"] = AttentionConfig.from_dict(d["attention"])
     return cls(**d)

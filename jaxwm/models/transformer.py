@@ -16,6 +16,7 @@ from jaxwm.encodings.rope3d import apply_rotary, rope3d_angles
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.embeddings import TextProjection, TimeEmbedding
 from jaxwm.models.layers import LayerNorm, RMSNorm, dense
+from jaxwm.ops import frame_sparse
 from jaxwm.ops.attention import dot_product_attention
 
 _REMAT = {
@@ -41,6 +42,9 @@ class Attention(nn.Module):
   returns the output and this call's own cache entries ``{"k", "v", ...}`` (what a commit
   writes: keys and values keep the transform of their own camera; WorldRoPE keeps the
   pre-transform keys and each key's Gaussians, ``wr_mean``, ``wr_cov``, ``wr_alpha``).
+  ``mask`` is a token-level bool mask (dense), or for frame-sparse attention a dict
+  ``{"history": [B, Sq, Sk] bool, "local": [B, Sq, C] int}`` (see :class:`WanModel`); the
+  selected frames are then returned as ``selected [B, Sq, k]``.
   Cross-attention: ``__call__(x, context=ctx)``.
   """
   cfg: ModelConfig
@@ -77,7 +81,10 @@ class Attention(nn.Module):
       k = jnp.concatenate([cache["k"].astype(k.dtype), k], axis=1)
       v = jnp.concatenate([cache["v"].astype(v.dtype), v], axis=1)
     q = _constrain(q, ("batch", "length", "act_heads", "act_kv"))
-    out = dot_product_attention(q, k, v, mask, impl=cfg.attention_impl)
+    if isinstance(mask, dict):
+      out, own["selected"] = self._sparse(q, k, v, mask)
+    else:
+      out = dot_product_attention(q, k, v, mask, impl=cfg.attention_impl)
     extra = None
     if enc in ("gta", "prope"):
       out = cam_lib.tile_transform(out, cam["g"], plan.idx)
@@ -87,6 +94,21 @@ class Attention(nn.Module):
           nn.initializers.zeros_init(), (None, "embed")))(py.reshape(py.shape[:2] + (-1,)))
     out = dense(cfg.dim, ("heads", "embed"), "to_out", dt)(out.reshape(out.shape[:2] + (cfg.dim,)))
     return (out if extra is None else out + extra), own
+
+  def _sparse(self, q, k, v, mask):
+    """Frame-sparse attention (ViewRope Alg. 1): select history frames, attend to them and the own chunk."""
+    ac = self.cfg.attention
+    n = q.shape[1] // mask["local"].shape[1]
+    key = self.make_rng("frame_select") if self.has_rng("frame_select") else None
+    select_key = None
+    if ac.selection != "topk":
+      if key is None:
+        raise ValueError(f"model.attention.selection={ac.selection!r} needs rngs={{'frame_select': key}}")
+      key, select_key = jax.random.split(key)
+    return frame_sparse.frame_sparse_attention(
+        q, k, v, tokens_per_frame=n, history=mask["history"], local_idx=mask["local"], top_k=ac.top_k,
+        sparsity=ac.sparsity, num_samples=ac.num_samples, window=ac.window, mode=ac.selection, key=key,
+        select_key=select_key, impl=ac.impl, interpret=ac.interpret)
 
   def _worldrope(self, x, q, k, v, rope, mask, cache, cam, plan):
     """WorldRoPE self-attention (``jaxwm.encodings.worldrope``): per-query-view keys."""
@@ -185,7 +207,7 @@ def expand_frame_mask(mask, tokens_per_frame):
 class WanModel(nn.Module):
   """The DiT.
 
-  ``__call__(latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None)``
+  ``__call__(latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None, cameras=None, local=None)``
 
   Args:
     latents: ``[B, S, h, w, C]`` frame sequence.
@@ -200,15 +222,22 @@ class WanModel(nn.Module):
       ``intrinsics [B, S, 3, 3]`` (pixels of the frames), optional ``scale [B]`` (translation
       multiplier, e.g. ``trajectory_scale`` of the whole trajectory); required when the model
       is camera-conditioned (``model.camera``).
+    local: frame-sparse attention (``model.attention.sparsity != "dense"``): ``[B, S, C]`` int,
+      the key frames (indices into ``[cache frames; these frames]``) each frame always attends,
+      its own chunk (Eq. 11), -1 pads; the other frames allowed by ``mask`` are the history
+      it selects from. The rng stream ``frame_select`` (optional) samples Eq. 9's positions.
 
   Returns:
     ``(velocity [B, S, h, w, C_out] float32, entries)`` with this call's own cache entries per
-    layer, ``{"k", "v": [num_layers, B, S*N, H, Dh], ...}`` (what a streaming commit stores).
+    layer, ``{"k", "v": [num_layers, B, S*N, H, Dh], ...}`` (what a streaming commit stores);
+    with frame-sparse attention also ``selected [num_layers, B, S, k]``, the history frames
+    each frame attended (-1 pads).
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None, cameras=None):
+  def __call__(self, latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None, cameras=None,
+               local=None):
     cfg = self.cfg
     b, s, hh, ww, _ = latents.shape
     pt, ph, pw = cfg.patch_size
@@ -263,12 +292,20 @@ class WanModel(nn.Module):
       delta = delta.reshape(b, s_tok, 1, cfg.num_heads, cfg.head_dim // 2) * jnp.asarray(plan.pair_mask)
       delta = jnp.broadcast_to(delta, (b, s_tok, n, cfg.num_heads, cfg.head_dim // 2))
       rope = rope[:, :, None, :] + delta.reshape(b, s_tok * n, cfg.num_heads, cfg.head_dim // 2)
-    tok_mask = None if mask is None else expand_frame_mask(mask, n)
+    if cfg.attention.sparse:
+      if mask is None or local is None:
+        raise ValueError(f"model.attention.sparsity={cfg.attention.sparsity!r} needs the frame mask and `local` "
+                         "(each frame's own-chunk key frames)")
+      local = jnp.broadcast_to(local, (b, s_tok, local.shape[-1])).astype(jnp.int32)
+      mask = jnp.broadcast_to(mask, (b, s_tok, mask.shape[-1]))
+      tok_mask = {"history": mask & ~frame_sparse.indices_to_mask(local, mask.shape[-1]), "local": local}
+    else:
+      tok_mask = None if mask is None else expand_frame_mask(mask, n)
 
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT[cfg.remat], prevent_cse=False)
-    blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+    blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "frame_select": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                      length=cfg.num_layers, unroll=cfg.scan_unroll,
                      metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="blocks")

@@ -43,25 +43,31 @@ class KVCache:
     return {"k": self.k, "v": self.v, **self.aux}
 
 
-def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, cameras=None):
+def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, cameras=None, rng=None):
   """Velocity of chunk ``x [B, Sc, h, w, C]`` at time ``t`` (``[B, Sc]`` in ``[0, 1]``) against ``cache``.
 
   ``cameras`` are the chunk's own (``c2w``, ``intrinsics`` ``[B, Sc, ...]``, ``scale [B]``):
-  queries get their camera's transform, cached keys keep theirs.
+  queries get their camera's transform, cached keys keep theirs. With frame-sparse attention
+  the chunk attends to itself and selects among the cache's valid frames (at every call);
+  ``rng`` feeds the ``frame_select`` stream (sampled positions, random selection modes).
 
-  Returns ``(velocity, (k, v))`` with the chunk's own keys/values per layer.
+  Returns ``(velocity, entries)`` with the chunk's own keys/values per layer (and, when
+  sparse, ``selected [layers, B, Sc, k]`` cache-frame indices).
   """
   b, sc = x.shape[:2]
-  mask = jnp.concatenate([jnp.broadcast_to(cache.valid[:, None, :], (b, sc, cache.valid.shape[1])),
+  cap = cache.valid.shape[1]
+  mask = jnp.concatenate([jnp.broadcast_to(cache.valid[:, None, :], (b, sc, cap)),
                           jnp.ones((b, sc, sc), bool)], axis=-1)
+  local = jnp.broadcast_to(cap + jnp.arange(sc, dtype=jnp.int32), (b, sc, sc))
+  rngs = None if rng is None else {"frame_select": rng}
   return model.apply(variables, x, t * flow.TIMESTEP_SCALE, frame_pos=frame_pos, mask=mask, context=context,
-                     cache=cache.entries(), cameras=cameras)
+                     cache=cache.entries(), cameras=cameras, local=local, rngs=rngs)
 
 
-def commit(model, variables, cache, x, frame_pos, context=None, cameras=None):
+def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rng=None):
   """Writes the keys/values of clean chunk ``x`` (forward at ``t = 0``) after the cache's valid frames."""
   b, sc = x.shape[:2]
-  _, own = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras)
+  _, own = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras, rng)
   n = own["k"].shape[2] // sc
   start = cache.length * n
   new = {name: jax.lax.dynamic_update_slice_in_dim(buf, own[name].astype(buf.dtype), start, axis=2)
@@ -72,8 +78,10 @@ def commit(model, variables, cache, x, frame_pos, context=None, cameras=None):
       length=cache.length + sc)
 
 
-def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, guidance=1.0, cameras=None):
+def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, guidance=1.0, cameras=None, rng=None):
   """Euler integration of a chunk from ``schedule[0] = 1`` to ``schedule[-1] = 0``; the cache is only read.
+
+  ``rng``: the ``frame_select`` stream, folded with the step index (frame-sparse models).
 
   With ``guidance != 1`` the batch holds ``[conditional; unconditional]`` halves (contexts and
   cache rows alike) and ``v = v_u + guidance (v_c - v_u)`` is applied to both halves.
@@ -81,15 +89,16 @@ def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, g
   b, sc = noise.shape[:2]
 
   def body(x, ts):
-    t, t_next = ts
-    v, _ = chunk_forward(model, variables, cache, x, jnp.full((b, sc), t), frame_pos, context, cameras)
+    t, t_next, i = ts
+    step_rng = None if rng is None else jax.random.fold_in(rng, i)
+    v, _ = chunk_forward(model, variables, cache, x, jnp.full((b, sc), t), frame_pos, context, cameras, step_rng)
     if guidance != 1.0:
       v_c, v_u = jnp.split(v, 2)
       g = v_u + guidance * (v_c - v_u)
       v = jnp.concatenate([g, g])
     return flow.euler_step(x, v, t, t_next), None
 
-  x, _ = jax.lax.scan(body, noise, (schedule[:-1], schedule[1:]))
+  x, _ = jax.lax.scan(body, noise, (schedule[:-1], schedule[1:], jnp.arange(schedule.shape[0] - 1)))
   return x
 
 
@@ -164,9 +173,12 @@ class StreamingSampler:
     start = cache.length.astype(jnp.float32)
     pos = jnp.broadcast_to(start + jnp.arange(num_frames, dtype=jnp.float32), (self.rows, num_frames))
     cams = self._cams(cameras)
+    sparse = self.cfg.attention.sparse
     x = _denoise_jit(model=self.model, variables=self.variables, cache=cache, noise=z, frame_pos=pos,
-                     schedule=self.schedule, context=self.context, guidance=self.guidance, cameras=cams)
-    cache = _commit_jit(self.model, self.variables, cache, x, pos, self.context, cams)
+                     schedule=self.schedule, context=self.context, guidance=self.guidance, cameras=cams,
+                     rng=jax.random.fold_in(key, 1) if sparse else None)
+    cache = _commit_jit(self.model, self.variables, cache, x, pos, self.context, cams,
+                        jax.random.fold_in(key, 2) if sparse else None)
     return x[:self.batch_size], cache
 
   def rollout(self, first, num_frames, chunk_size, key, cameras=None):

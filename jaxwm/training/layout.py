@@ -35,6 +35,9 @@ class TeacherForcingLayout:
     frame_pos: ``[Sc + Sn]`` temporal RoPE position of each sequence position.
     chunk: ``[Sc + Sn]`` chunk index; noisy: ``[Sc + Sn]`` bool.
     mask: ``[Sc + Sn, Sc + Sn]`` bool frame-level attention mask.
+    local: ``[Sc + Sn, chunk_size]`` int, each position's own-chunk positions (same chunk, same
+      half), the frames frame-sparse attention always attends (-1 pads); the rest of ``mask``
+      is the history it selects from (clean frames of earlier chunks).
   """
   clean_frames: np.ndarray
   noisy_frames: np.ndarray
@@ -42,6 +45,7 @@ class TeacherForcingLayout:
   chunk: np.ndarray
   noisy: np.ndarray
   mask: np.ndarray
+  local: np.ndarray
 
   @property
   def num_clean(self):
@@ -59,4 +63,10 @@ def teacher_forcing_layout(num_frames, chunk_size):
   cq, ck = chunk[:, None], chunk[None, :]
   nq, nk = is_noisy[:, None], is_noisy[None, :]
   mask = (~nk & ((~nq & (ck <= cq)) | (nq & (ck < cq)))) | (nk & nq & (ck == cq))
-  return TeacherForcingLayout(clean, noisy, np.concatenate([clean, noisy]).astype(np.float32), chunk, is_noisy, mask)
+  same = (ck == cq) & (nk == nq)
+  local = np.full((len(chunk), chunk_size), -1, np.int32)
+  for row, cols in enumerate(same):
+    hits = np.flatnonzero(cols)
+    local[row, :len(hits)] = hits
+  return TeacherForcingLayout(clean, noisy, np.concatenate([clean, noisy]).astype(np.float32), chunk, is_noisy, mask,
+                              local)

@@ -41,8 +41,10 @@ def make_init_fn(model, tx, shape, ema_decay, image_size):
   """``key -> TrainState`` with boxed (logically partitioned) params; unbox after ``eval_shape``/``jit``."""
 
   def init(key):
+    s = shape[1]  # mask/local only matter for their shapes (frame-sparse models need them)
     variables = model.init(key, jnp.zeros(shape, jnp.float32), jnp.zeros(shape[:2], jnp.float32),
-                           cameras=dummy_cameras(shape[0], shape[1], image_size))
+                           cameras=dummy_cameras(shape[0], s, image_size), mask=jnp.ones((1, s, s), bool),
+                           local=jnp.arange(s, dtype=jnp.int32)[None, :, None])
     params = variables["params"]
     unboxed = nn.unbox(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(unboxed),
@@ -66,12 +68,14 @@ def make_loss_fn(model, layout, recipe, latent_stride):
   n_chunks = int(layout.chunk.max())
   frame_pos = jnp.asarray(layout.frame_pos)[None]
   mask = jnp.asarray(layout.mask)[None]
+  local = jnp.asarray(layout.local)[None]
 
   def loss_fn(params, batch, key):
     lat = vae.encode(batch["frames"], latent_stride)
     b = lat.shape[0]
     clean, x0 = lat[:, clean_idx], lat[:, noisy_idx]
     k_t, k_eps = jax.random.split(key)
+    k_sel = jax.random.fold_in(key, 1)
     t = flow.sample_train_timesteps(k_t, (b, n_chunks), recipe.timestep_distribution, recipe.timestep_shift)
     t = t[:, noisy_chunk]
     eps = jax.random.normal(k_eps, x0.shape, x0.dtype)
@@ -80,7 +84,8 @@ def make_loss_fn(model, layout, recipe, latent_stride):
     pos = jnp.broadcast_to(frame_pos, (b, frame_pos.shape[1]))
     cameras = {"c2w": batch["c2w"][:, seq_frames], "intrinsics": batch["intrinsics"][:, seq_frames],
                "scale": trajectory_scale(batch["c2w"])}
-    v, _ = model.apply({"params": params}, seq, ts, frame_pos=pos, mask=mask, cameras=cameras)
+    v, _ = model.apply({"params": params}, seq, ts, frame_pos=pos, mask=mask, cameras=cameras, local=local,
+                       rngs={"frame_select": k_sel})
     return jnp.mean(jnp.square(v[:, n_clean:] - flow.velocity_target(x0, eps)))
 
   return loss_fn

@@ -1,0 +1,196 @@
+"""Gated delta rule (KDA / Gated DeltaNet; LOCI §3-4; DESIGN §7), pure ``jnp``.
+
+Per head, state ``S [K, V]`` (float32); per token ``t``:
+
+    S <- diag(exp(g_t)) S                      (decay first)
+    S <- S + beta_t k_t (v_t - S^T k_t)^T      (delta correction second)
+    o_t = S^T (scale * q_t)                    (read after the write)
+
+exactly fla's ``naive_recurrent_kda`` (``g [B, T, H, K]``, per channel) and
+``naive_recurrent_gated_delta_rule`` (``g [B, T, H]``, per head). Layout ``[B, T, H, K]``;
+nothing is normalised here. Scans take ``initial_state [B, H, K, V]`` and return
+``(o, final_state)`` with ``final_state`` None unless ``output_final_state``.
+
+- :func:`delta_rule_recurrent`: the token-by-token scan (the reference).
+- :func:`delta_rule_chunked`: the WY/UT chunked form (one chunk of ``C`` tokens per scan
+  step; only exponentials of non-positive cumulative differences are ever taken).
+- :func:`delta_rule_chunk_before_write`: LOCI's read-before-write chunks.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+_f32 = jnp.float32
+IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
+
+
+def _check(q, k, v, g, beta, initial_state):
+  b, t, h, dk = q.shape
+  if k.shape != q.shape:
+    raise ValueError(f"k shape {k.shape} must equal q shape {q.shape}")
+  if v.shape[:3] != (b, t, h):
+    raise ValueError(f"v shape {v.shape} must start with (B, T, H) = {(b, t, h)}")
+  if g.shape not in ((b, t, h), (b, t, h, dk)):
+    raise ValueError(f"g shape {g.shape} must be (B, T, H) = {(b, t, h)} or (B, T, H, K) = {(b, t, h, dk)}")
+  if beta.shape != (b, t, h):
+    raise ValueError(f"beta shape {beta.shape} must be (B, T, H) = {(b, t, h)}")
+  if initial_state is not None and initial_state.shape != (b, h, dk, v.shape[-1]):
+    raise ValueError(f"initial_state shape {initial_state.shape} must be (B, H, K, V) = {(b, h, dk, v.shape[-1])}")
+
+
+def _prepare(q, k, v, g, beta, scale, initial_state):
+  """float32 copies, ``g`` per channel, scaled queries and the initial state."""
+  _check(q, k, v, g, beta, initial_state)
+  b, _, h, dk = q.shape
+  scale = dk**-0.5 if scale is None else scale
+  q, k, v, g, beta = (x.astype(_f32) for x in (q, k, v, g, beta))
+  if g.ndim == 3:
+    g = jnp.broadcast_to(g[..., None], q.shape)
+  s0 = jnp.zeros((b, h, dk, v.shape[-1]), _f32) if initial_state is None else initial_state.astype(_f32)
+  return q * scale, k, v, g, beta, s0
+
+
+def delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False):
+  """The token-by-token gated delta rule.
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
+    g: log-decay ``[B, T, H, K]`` (KDA) or ``[B, T, H]`` (Gated DeltaNet), ``<= 0``.
+    beta: write strength ``[B, T, H]`` (LOCI: in ``(0, 2)``).
+    scale: query scale, default ``K ** -0.5``.
+    initial_state: ``[B, H, K, V]`` or None (zeros).
+    output_final_state: return the state after the last token.
+
+  Returns:
+    ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or None)``.
+  """
+  dtype = v.dtype
+  q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state)
+
+  def step(s, xs):
+    q_t, k_t, v_t, g_t, b_t = xs  # [B, H, ...]
+    s = s * jnp.exp(g_t)[..., None]
+    err = v_t - jnp.einsum("bhk,bhkv->bhv", k_t, s)
+    s = s + jnp.einsum("bhk,bhv->bhkv", b_t[..., None] * k_t, err)
+    return s, jnp.einsum("bhk,bhkv->bhv", q_t, s)
+
+  xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
+  s, o = jax.lax.scan(step, s0, xs)
+  return jnp.moveaxis(o, 0, 1).astype(dtype), (s if output_final_state else None)
+
+
+def _pad_time(x, pad):
+  return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if pad else x
+
+
+def _chunk_step(s, q, k, v, gcum, beta):
+  """One chunk of the WY/UT form (DESIGN §7) for all batch rows and heads.
+
+  Args:
+    s: ``[B, H, K, V]`` state before the chunk.
+    q (scaled), k, gcum (within-chunk cumulative log-decay): ``[B, H, C, K]``; v: ``[B, H, C, V]``;
+    beta: ``[B, H, C]``.
+
+  Returns:
+    ``(state after the chunk, o [B, H, C, V])``.
+  """
+  c = q.shape[2]
+  lower = jnp.tril(jnp.ones((c, c), bool))
+  # exp(G_i - G_j) for j <= i only: the difference is <= 0 there (decays are <= 0).
+  diff = jnp.where(lower[..., None], gcum[:, :, :, None, :] - gcum[:, :, None, :, :], -jnp.inf)
+  decay = jnp.exp(diff)  # [B, H, C, C, K]
+  strict = jnp.tril(jnp.ones((c, c), bool), -1)
+  a_kk = jnp.where(strict, jnp.einsum("bhik,bhijk,bhjk->bhij", k, decay, k), 0.0) * beta[..., None]
+  a_qk = jnp.where(lower, jnp.einsum("bhik,bhijk,bhjk->bhij", q, decay, k), 0.0)
+  # T = (I + A)^-1 by forward substitution: w = T (beta exp(G) k), u = T (beta v).
+  solve = functools.partial(jax.scipy.linalg.solve_triangular, lower=True, unit_diagonal=True)
+  w = solve(a_kk, beta[..., None] * jnp.exp(gcum) * k)
+  u = solve(a_kk, beta[..., None] * v)
+  v_new = u - jnp.einsum("bhck,bhkv->bhcv", w, s)
+  o = jnp.einsum("bhck,bhkv->bhcv", q * jnp.exp(gcum), s) + jnp.einsum("bhij,bhjv->bhiv", a_qk, v_new)
+  last = gcum[:, :, -1]  # [B, H, K]
+  s = s * jnp.exp(last)[..., None] + jnp.einsum("bhck,bhcv->bhkv", jnp.exp(last[:, :, None] - gcum) * k, v_new)
+  return s, o
+
+
+def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
+  """Chunked scan over prepared float32 inputs; returns ``(o [B, T, H, V], final state)``."""
+  b, t, h, dk = q.shape
+  pad = (-t) % chunk_size
+  # Padded tokens: beta = 0 writes nothing and g = 0 decays nothing, so the state is exact.
+  q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
+  n = (t + pad) // chunk_size
+
+  def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]
+    x = x.reshape((b, n, chunk_size, h) + x.shape[3:])
+    return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
+
+  gcum = jnp.cumsum(chunks(g), axis=3)
+
+  @jax.checkpoint  # backward keeps one state per chunk, not the [C, C, K] decays
+  def body(s, xs):
+    return _chunk_step(s, *xs)
+
+  s, o = jax.lax.scan(body, s0, (chunks(q), chunks(k), chunks(v), gcum, chunks(beta)))
+  o = jnp.moveaxis(o, 0, 1)  # [B, N, H, C, V]
+  o = jnp.moveaxis(o, 2, 3).reshape(b, n * chunk_size, h, -1)
+  return o[:, :t], s
+
+
+def delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                       chunk_size=64, impl="xla", interpret=False):
+  """The chunked (WY/UT) form of :func:`delta_rule_recurrent`, same arguments and results.
+
+  ``T`` need not be a multiple of ``chunk_size`` (padded with ``beta = 0``, ``g = 0``).
+  ``impl``: ``xla`` (this reference) or ``pallas_tpu`` / ``pallas_gpu``
+  (``pallas_kernels.delta_rule``; ``interpret=True`` on CPU). Nothing falls back silently.
+  """
+  if impl not in IMPLS:
+    raise ValueError(f"delta-rule impl must be one of {IMPLS}; got {impl!r}")
+  if impl != "xla":
+    from pallas_kernels import delta_rule as kernels  # pylint: disable=g-import-not-at-top
+    fn = kernels.tpu_delta_rule if impl == "pallas_tpu" else kernels.gpu_delta_rule
+    return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+              chunk_size=chunk_size, interpret=interpret)
+  dtype = v.dtype
+  q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state)
+  o, s = _chunked_scan(q, k, v, g, beta, s0, chunk_size)
+  return o.astype(dtype), (s if output_final_state else None)
+
+
+def delta_rule_chunk_before_write(q, k, v, g, beta, *, chunk_len, scale=None, initial_state=None,
+                                  output_final_state=False, inner_chunk_size=64):
+  """LOCI's memory read (DESIGN §7): chunks of ``chunk_len`` tokens read the state from
+  before the chunk, then write it token by token.
+
+  For chunk ``c`` (tokens ``c L .. c L + L - 1``):
+  ``o_t = S_{c-1}^T (scale q_t)``; then ``S <- diag(exp(g_{cL})) S_{c-1}`` (the decay of the
+  chunk's *first* token, once; ``g`` of the other tokens is not used) and the delta
+  corrections of the chunk's tokens in order, without further decay.
+
+  Args: as :func:`delta_rule_recurrent`, ``T`` a multiple of ``chunk_len``.
+
+  Returns:
+    ``(o [B, T, H, V], final_state or None)``.
+  """
+  dtype = v.dtype
+  q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state)
+  b, t, h, dk = q.shape
+  if t % chunk_len:
+    raise ValueError(f"T={t} must be a multiple of chunk_len={chunk_len}")
+  n = t // chunk_len
+  split = lambda x: jnp.moveaxis(x.reshape((b, n, chunk_len) + x.shape[2:]), 1, 0)
+  inner = min(inner_chunk_size, chunk_len)
+
+  def body(s, xs):
+    q_c, k_c, v_c, g_c, b_c = xs  # [B, L, H, ...]
+    o = jnp.einsum("bthk,bhkv->bthv", q_c, s)
+    s = s * jnp.exp(g_c[:, 0])[..., None]
+    _, s = _chunked_scan(jnp.zeros_like(q_c), k_c, v_c, jnp.zeros_like(g_c), b_c, s, inner)
+    return s, o
+
+  s, o = jax.lax.scan(body, s0, tuple(split(x) for x in (q, k, v, g, beta)))
+  o = jnp.moveaxis(o, 0, 1).reshape(b, t, h, -1)
+  return o.astype(dtype), (s if output_final_state else None)
