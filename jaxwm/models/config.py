@@ -106,6 +106,50 @@ class AttentionConfig:
     return cls(**_checked_fields(cls, d, "model.attention"))
 
 
+LOCI_BLOCKS_30 = (2, 4, 6, 7, 8, 9, 11, 13, 14, 16, 23, 24, 25, 27, 28)
+
+
+@dataclasses.dataclass(frozen=True)
+class LociConfig:
+  """LOCI's hybrid blocks (DESIGN §7; LOCI §3-4, App. A): intra-chunk softmax attention plus a
+  gated, zero-initialised delta-rule memory read before the chunk writes.
+
+  Attributes:
+    enabled: turn the hybrid blocks on.
+    blocks: zero-based hybrid block indices (default: LOCI's 15 of 30); the other blocks keep
+      softmax attention over the history.
+    alpha_min: floor of the per-chunk retention.
+    init_retention: initial per-chunk retention ``r_0`` (``b_alpha = softplus^-1(-log r_0)``).
+    translation_divisor: camera translations are divided by this (LOCI: 6 m) for the memory's PRoPE.
+    chunk_size: scan chunk of the delta rule (``jaxwm.ops.delta_rule.delta_rule_chunked``).
+    impl: ``xla`` | ``pallas_tpu`` | ``pallas_gpu`` for the delta-rule scan.
+  """
+  enabled: bool = False
+  blocks: tuple = LOCI_BLOCKS_30
+  alpha_min: float = 0.2
+  init_retention: float = 0.7
+  translation_divisor: float = 6.0
+  chunk_size: int = 64
+  impl: str = "xla"
+
+  def __post_init__(self):
+    if not 0 < self.alpha_min < 1 or not 0 < self.init_retention < 1:
+      raise ValueError(f"model.loci.alpha_min ({self.alpha_min}) and init_retention ({self.init_retention}) "
+                       "must lie in (0, 1)")
+    if self.translation_divisor <= 0:
+      raise ValueError(f"model.loci.translation_divisor must be > 0; got {self.translation_divisor}")
+    from jaxwm.ops import delta_rule  # pylint: disable=g-import-not-at-top
+    if self.impl not in delta_rule.IMPLS:
+      raise ValueError(f"model.loci.impl must be one of {delta_rule.IMPLS}; got {self.impl!r}")
+
+  @classmethod
+  def from_dict(cls, d):
+    d = _checked_fields(cls, d, "model.loci")
+    if "blocks" in d:
+      d["blocks"] = tuple(int(b) for b in d["blocks"])
+    return cls(**d)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Wan 2.x DiT shape and options.
@@ -126,6 +170,7 @@ class ModelConfig:
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
     attention_impl: ``xla`` | ``cudnn`` | ``auto`` (see ``jaxwm.ops.attention``), for dense attention.
     attention: frame sparsity of self-attention (:class:`AttentionConfig`).
+    loci: LOCI hybrid blocks with recurrent memory (:class:`LociConfig`).
   """
   dim: int = 128
   num_heads: int = 4
@@ -146,6 +191,7 @@ class ModelConfig:
   attention_impl: str = "xla"
   camera: CameraConfig = CameraConfig()
   attention: AttentionConfig = AttentionConfig()
+  loci: LociConfig = LociConfig()
 
   def __post_init__(self):
     if self.dim % self.num_heads:
@@ -166,12 +212,19 @@ class ModelConfig:
     if self.attention.sparse and self.camera.encoding == "worldrope":
       raise ValueError(f"model.attention.sparsity={self.attention.sparsity!r} is not supported with WorldRoPE "
                        "(its keys depend on the query view); use sparsity='dense'")
+    if self.loci.enabled:
+      bad = [b for b in self.loci.blocks if not 0 <= b < self.num_layers]
+      if bad or not self.loci.blocks:
+        raise ValueError(f"model.loci.blocks {list(self.loci.blocks)} must be non-empty indices in "
+                         f"[0, model.num_layers={self.num_layers})")
+      if self.camera.encoding == "worldrope":
+        raise ValueError("model.loci is not supported with WorldRoPE (keys depend on the query view)")
     if self.attention.sparse and self.patch_size[0] != 1:
       raise ValueError(f"frame-sparse attention needs model.patch_size[0] == 1; got {self.patch_size}")
 
   @property
   def camera_conditioned(self):
-    return self.camera.encoding != "rope3d" or self.camera.plucker
+    return self.camera.encoding != "rope3d" or self.camera.plucker or self.loci.enabled
 
   @property
   def head_dim(self):
@@ -189,6 +242,8 @@ class ModelConfig:
       d["patch_size"] = tuple(d["patch_size"])
     if "camera" in d and not isinstance(d["camera"], CameraConfig):
       d["camera"] = CameraConfig.from_dict(d["camera"])
+    if "loci" in d and not isinstance(d["loci"], LociConfig):
+      d["loci"] = LociConfig.from_dict(d["loci"])
     if "attention" in d and not isinstance(d["attention"], AttentionConfig):
       d["attention"] = AttentionConfig.from_dict(d["attention"])
     return cls(**d)

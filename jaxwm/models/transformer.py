@@ -14,6 +14,7 @@ from jaxwm.encodings import camera as cam_lib
 from jaxwm.encodings import worldrope as wr_lib
 from jaxwm.encodings.rope3d import apply_rotary, rope3d_angles
 from jaxwm.models.config import ModelConfig
+from jaxwm.models import loci as loci_lib
 from jaxwm.models.embeddings import TextProjection, TimeEmbedding
 from jaxwm.models.layers import LayerNorm, RMSNorm, dense
 from jaxwm.ops import frame_sparse
@@ -140,15 +141,21 @@ class Attention(nn.Module):
 class Block(nn.Module):
   """One DiT block: modulated self-attention, optional cross-attention, modulated GELU-tanh FFN.
 
-  Scanned over layers: ``__call__(x, cache, mod, rope, mask, context, cam) -> (x, own cache entries)``.
+  Scanned over layers: ``__call__(x, layer, mod, rope, mask, context, cam, mem) -> (x, own cache entries)``
+  with ``layer = {"cache": this layer's cache or None, "hybrid": 1.0 for a LOCI hybrid block}``.
   ``mod [B, L, 6, dim]`` is the shared time modulation (shift, scale, gate for attention,
-  then for the FFN), to which the block adds its own ``scale_shift_table``.
+  then for the FFN), to which the block adds its own ``scale_shift_table``. With ``model.loci``
+  every block carries the memory parameters; in hybrid blocks softmax attention sees the own
+  chunk only (``mem["local"]``) and the gated memory readout is added, elsewhere the memory
+  is multiplied by zero.
   """
   cfg: ModelConfig
+  plan: object = None  # loci.MemoryPlan (static)
 
   @nn.compact
-  def __call__(self, x, cache, mod, rope, mask, context, cam):
+  def __call__(self, x, layer, mod, rope, mask, context, cam, mem):
     cfg = self.cfg
+    cache, hybrid = layer["cache"], layer["hybrid"]
     table = self.param("scale_shift_table",
                        nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")), (1, 6, cfg.dim))
     shift, scale, gate, c_shift, c_scale, c_gate = jnp.split(table[None] + mod, 6, axis=2)
@@ -156,7 +163,20 @@ class Block(nn.Module):
     dt = cfg.compute_dtype
     xf = x.astype(jnp.float32)
     y = (LayerNorm(cfg.eps, name="norm1")(xf) * (1 + scale) + shift).astype(dt)
+    if cfg.loci.enabled:  # hybrid blocks: softmax over the own chunk only
+      on = hybrid > 0
+      if isinstance(mask, dict):
+        mask = {**mask, "history": mask["history"] & ~on}
+      else:
+        mask = jnp.where(on, mem["local"], mask)
     attn, kv = Attention(cfg, name="attn1")(y, rope=rope, mask=mask, cache=cache, cam=cam)
+    if cfg.loci.enabled:
+      state_in = mem["state"] if cache is None or "mem" not in cache else cache["mem"]
+      read, state = loci_lib.RecurrentMemory(cfg, self.plan, name="memory")(y, mem["cam"], mem["rope"], state_in)
+      mem_gate = self.param("mem_gate", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
+                            (cfg.dim,))
+      attn = attn + (hybrid * mem_gate * read.astype(jnp.float32)).astype(attn.dtype)
+      kv["mem"] = jnp.where(hybrid > 0, state, state_in)
     xf = xf + attn.astype(jnp.float32) * gate
     if cfg.cross_attn:
       y = LayerNorm(cfg.eps, affine=cfg.cross_attn_norm, name="norm2")(xf).astype(dt)
@@ -226,18 +246,23 @@ class WanModel(nn.Module):
       the key frames (indices into ``[cache frames; these frames]``) each frame always attends,
       its own chunk (Eq. 11), -1 pads; the other frames allowed by ``mask`` are the history
       it selects from. The rng stream ``frame_select`` (optional) samples Eq. 9's positions.
+      ``model.loci`` uses ``local`` too: hybrid blocks attend to those frames only.
+    memory_plan: ``model.loci``: a static :class:`jaxwm.models.loci.MemoryPlan` (chunk and
+      writer flag per frame); the incoming delta-rule state is ``cache["mem"]``
+      ``[num_layers, B, H, Dh, Dh]`` (zeros without a cache).
 
   Returns:
     ``(velocity [B, S, h, w, C_out] float32, entries)`` with this call's own cache entries per
     layer, ``{"k", "v": [num_layers, B, S*N, H, Dh], ...}`` (what a streaming commit stores);
     with frame-sparse attention also ``selected [num_layers, B, S, k]``, the history frames
-    each frame attended (-1 pads).
+    each frame attended (-1 pads); with ``model.loci`` also ``mem``, the state after this
+    call's writers (unchanged in non-hybrid blocks).
   """
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None, cameras=None,
-               local=None):
+               local=None, memory_plan=None):
     cfg = self.cfg
     b, s, hh, ww, _ = latents.shape
     pt, ph, pw = cfg.patch_size
@@ -292,6 +317,19 @@ class WanModel(nn.Module):
       delta = delta.reshape(b, s_tok, 1, cfg.num_heads, cfg.head_dim // 2) * jnp.asarray(plan.pair_mask)
       delta = jnp.broadcast_to(delta, (b, s_tok, n, cfg.num_heads, cfg.head_dim // 2))
       rope = rope[:, :, None, :] + delta.reshape(b, s_tok * n, cfg.num_heads, cfg.head_dim // 2)
+    mem = None
+    if cfg.loci.enabled:
+      if mask is None or local is None or memory_plan is None:
+        raise ValueError("model.loci needs the frame mask, `local` (each frame's own-chunk key frames) and a "
+                         "`memory_plan` (jaxwm.models.loci.MemoryPlan)")
+      if len(memory_plan.chunk) != s_tok:
+        raise ValueError(f"memory_plan has {len(memory_plan.chunk)} frames; the sequence has {s_tok}")
+      own = frame_sparse.indices_to_mask(jnp.broadcast_to(local, (b, s_tok, local.shape[-1])), mask.shape[-1])
+      zero_t = token_positions(jnp.zeros_like(frame_pos), grid)  # patch rotations only: no temporal RoPE
+      mem = {"local": None if cfg.attention.sparse else expand_frame_mask(own, n),
+             "cam": loci_lib.memory_camera_tensors(cfg, cameras["c2w"], cameras["intrinsics"], grid, (ph, pw)),
+             "rope": rope3d_angles(zero_t, cfg.head_dim, cfg.rope_theta),
+             "state": jnp.zeros((b, cfg.num_heads, cfg.head_dim, cfg.head_dim), jnp.float32)}
     if cfg.attention.sparse:
       if mask is None or local is None:
         raise ValueError(f"model.attention.sparsity={cfg.attention.sparsity!r} needs the frame mask and `local` "
@@ -306,10 +344,11 @@ class WanModel(nn.Module):
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT[cfg.remat], prevent_cse=False)
     blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "frame_select": True},
-                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                      length=cfg.num_layers, unroll=cfg.scan_unroll,
-                     metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="blocks")
-    x, kv = blocks(x, cache, mod, rope, tok_mask, context, cam)
+                     metadata_params={nn.PARTITION_NAME: "layers"})(cfg, memory_plan, name="blocks")
+    hybrid = jnp.asarray([float(i in cfg.loci.blocks and cfg.loci.enabled) for i in range(cfg.num_layers)])
+    x, kv = blocks(x, {"cache": cache, "hybrid": hybrid}, mod, rope, tok_mask, context, cam, mem)
 
     table = self.param("scale_shift_table",
                        nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")), (1, 2, cfg.dim))

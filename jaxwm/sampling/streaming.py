@@ -10,17 +10,23 @@ unconditional branches as one doubled batch, each with its own cache rows.
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxwm.diffusion import flow
 from jaxwm.encodings.camera import trajectory_scale
 from jaxwm.geometry.validate import validate_cameras
+from jaxwm.models.loci import MemoryPlan
 from jaxwm.models.transformer import WanModel
+
+
+WHOLE_ENTRIES = ("mem",)  # replaced by a commit (recurrent state), not appended per token
 
 
 @flax.struct.dataclass
 class KVCache:
   """``k, v``: ``[num_layers, B, max_frames * N, H, Dh]``; ``valid``: ``[B, max_frames]``; ``length``:
-  frames written; ``aux``: further per-key entries (WorldRoPE's ``wr_mean``, ``wr_cov``, ``wr_alpha``)."""
+  frames written; ``aux``: further per-key entries (WorldRoPE's ``wr_mean``, ``wr_cov``, ``wr_alpha``) and
+  LOCI's delta-rule state ``mem [num_layers, B, H, K, V]`` float32, which only a commit writes."""
   k: jax.Array
   v: jax.Array
   valid: jax.Array
@@ -32,6 +38,8 @@ class KVCache:
     lead = (cfg.num_layers, batch, max_frames * tokens_per_frame)
     shape = lead + (cfg.num_heads, cfg.head_dim)
     aux = {}
+    if cfg.loci.enabled:  # the delta-rule state of every block (used by the hybrid ones)
+      aux["mem"] = jnp.zeros((cfg.num_layers, batch, cfg.num_heads, cfg.head_dim, cfg.head_dim), jnp.float32)
     if cfg.camera.encoding == "worldrope":
       m = cfg.camera.hypotheses
       aux = {"wr_mean": jnp.zeros(lead + (m, 3)), "wr_cov": jnp.zeros(lead + (m, 3, 3)),
@@ -60,8 +68,9 @@ def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, camera
                           jnp.ones((b, sc, sc), bool)], axis=-1)
   local = jnp.broadcast_to(cap + jnp.arange(sc, dtype=jnp.int32), (b, sc, sc))
   rngs = None if rng is None else {"frame_select": rng}
+  plan = MemoryPlan.make(np.ones(sc, int), np.ones(sc, bool)) if model.cfg.loci.enabled else None
   return model.apply(variables, x, t * flow.TIMESTEP_SCALE, frame_pos=frame_pos, mask=mask, context=context,
-                     cache=cache.entries(), cameras=cameras, local=local, rngs=rngs)
+                     cache=cache.entries(), cameras=cameras, local=local, rngs=rngs, memory_plan=plan)
 
 
 def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rng=None):
@@ -70,7 +79,8 @@ def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rn
   _, own = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras, rng)
   n = own["k"].shape[2] // sc
   start = cache.length * n
-  new = {name: jax.lax.dynamic_update_slice_in_dim(buf, own[name].astype(buf.dtype), start, axis=2)
+  new = {name: (own[name].astype(buf.dtype) if name in WHOLE_ENTRIES else
+                jax.lax.dynamic_update_slice_in_dim(buf, own[name].astype(buf.dtype), start, axis=2))
          for name, buf in cache.entries().items()}
   return cache.replace(
       k=new.pop("k"), v=new.pop("v"), aux=new,

@@ -27,7 +27,8 @@ def chunk_ids(num_frames, chunk_size):
 
 @dataclasses.dataclass(frozen=True)
 class TeacherForcingLayout:
-  """Static index arrays of the layout (numpy).
+  """Static index arrays of a training layout (numpy); also used for diffusion forcing, where
+  only frame 0 is clean and the noisy frames are the history.
 
   Attributes:
     clean_frames: ``[Sc]`` clip frame index of each clean sequence position.
@@ -38,6 +39,8 @@ class TeacherForcingLayout:
     local: ``[Sc + Sn, chunk_size]`` int, each position's own-chunk positions (same chunk, same
       half), the frames frame-sparse attention always attends (-1 pads); the rest of ``mask``
       is the history it selects from (clean frames of earlier chunks).
+    writer: ``[Sc + Sn]`` bool, the frames that write LOCI's recurrent memory (the history:
+      clean frames in teacher forcing, every frame in diffusion forcing).
   """
   clean_frames: np.ndarray
   noisy_frames: np.ndarray
@@ -46,10 +49,34 @@ class TeacherForcingLayout:
   noisy: np.ndarray
   mask: np.ndarray
   local: np.ndarray
+  writer: np.ndarray
 
   @property
   def num_clean(self):
     return len(self.clean_frames)
+
+
+def diffusion_forcing_layout(num_frames, chunk_size):
+  """Chunk-wise diffusion forcing (LOCI §4): one sequence of the clip's frames, frame 0 clean and
+  every later chunk noised independently; chunk-causal attention over the (noisy) history."""
+  ids = chunk_ids(num_frames, chunk_size)
+  frames = np.arange(num_frames)
+  cq, ck = ids[:, None], ids[None, :]
+  local = np.full((num_frames, chunk_size), -1, np.int32)
+  for row in range(num_frames):
+    hits = np.flatnonzero(ids == ids[row])
+    local[row, :len(hits)] = hits
+  return TeacherForcingLayout(frames[:1], frames[1:], frames.astype(np.float32), ids, frames > 0, ck <= cq, local,
+                              np.ones(num_frames, bool))
+
+
+def make_layout(kind, num_frames, chunk_size):
+  """``teacher_forcing`` or ``diffusion_forcing``."""
+  if kind == "teacher_forcing":
+    return teacher_forcing_layout(num_frames, chunk_size)
+  if kind == "diffusion_forcing":
+    return diffusion_forcing_layout(num_frames, chunk_size)
+  raise ValueError(f"recipe.layout must be 'teacher_forcing' or 'diffusion_forcing'; got {kind!r}")
 
 
 def teacher_forcing_layout(num_frames, chunk_size):
@@ -69,4 +96,4 @@ def teacher_forcing_layout(num_frames, chunk_size):
     hits = np.flatnonzero(cols)
     local[row, :len(hits)] = hits
   return TeacherForcingLayout(clean, noisy, np.concatenate([clean, noisy]).astype(np.float32), chunk, is_noisy, mask,
-                              local)
+                              local, ~is_noisy)

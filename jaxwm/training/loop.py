@@ -22,7 +22,7 @@ from jaxwm.models.transformer import WanModel
 from jaxwm.training import checkpoint as ckpt_lib
 from jaxwm.training import data as data_lib
 from jaxwm.training import sharding as sh
-from jaxwm.training.layout import teacher_forcing_layout
+from jaxwm.training.layout import make_layout
 from jaxwm.training.optim import learning_rate_schedule, make_optimizer
 from jaxwm.training.step import latent_shape, make_init_fn, make_loss_fn, make_train_step
 
@@ -41,7 +41,8 @@ class Trainer:
     self.model = WanModel(self.model_cfg)
     self.mesh = mesh if mesh is not None else sh.make_mesh(config.mesh.data, config.mesh.fsdp)
     self.rules = sh.rules_from_config(config.sharding_rules)
-    self.layout = teacher_forcing_layout(config.data.num_frames, config.recipe.chunk_size)
+    self.layout = make_layout(config.recipe.get("layout", "teacher_forcing"), config.data.num_frames,
+                              config.recipe.chunk_size)
     num_steps = config.train.num_steps
     self.tx = make_optimizer(config.optim, num_steps)
     self.schedule = learning_rate_schedule(config.optim, num_steps)

@@ -12,6 +12,7 @@ import optax
 from jaxwm.diffusion import flow
 from jaxwm.encodings.camera import trajectory_scale
 from jaxwm.models import vae
+from jaxwm.models.loci import MemoryPlan
 from jaxwm.training.optim import ema_update
 
 
@@ -44,7 +45,8 @@ def make_init_fn(model, tx, shape, ema_decay, image_size):
     s = shape[1]  # mask/local only matter for their shapes (frame-sparse models need them)
     variables = model.init(key, jnp.zeros(shape, jnp.float32), jnp.zeros(shape[:2], jnp.float32),
                            cameras=dummy_cameras(shape[0], s, image_size), mask=jnp.ones((1, s, s), bool),
-                           local=jnp.arange(s, dtype=jnp.int32)[None, :, None])
+                           local=jnp.arange(s, dtype=jnp.int32)[None, :, None],
+                           memory_plan=MemoryPlan.make(np.arange(s), np.ones(s, bool)))
     params = variables["params"]
     unboxed = nn.unbox(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(unboxed),
@@ -54,7 +56,7 @@ def make_init_fn(model, tx, shape, ema_decay, image_size):
 
 
 def make_loss_fn(model, layout, recipe, latent_stride):
-  """Teacher-forcing flow-matching loss (DESIGN §2, §9).
+  """Flow-matching loss in a training layout (teacher forcing or diffusion forcing; DESIGN §2, §9).
 
   ``loss(params, batch, key)`` with ``batch["frames"]`` uint8 ``[B, F, H, W, 3]``, ``c2w`` and
   ``intrinsics`` per frame: clean history and noisy chunks in one sequence (each frame with its
@@ -69,6 +71,7 @@ def make_loss_fn(model, layout, recipe, latent_stride):
   frame_pos = jnp.asarray(layout.frame_pos)[None]
   mask = jnp.asarray(layout.mask)[None]
   local = jnp.asarray(layout.local)[None]
+  plan = MemoryPlan.make(layout.chunk, layout.writer) if model.cfg.loci.enabled else None
 
   def loss_fn(params, batch, key):
     lat = vae.encode(batch["frames"], latent_stride)
@@ -85,7 +88,7 @@ def make_loss_fn(model, layout, recipe, latent_stride):
     cameras = {"c2w": batch["c2w"][:, seq_frames], "intrinsics": batch["intrinsics"][:, seq_frames],
                "scale": trajectory_scale(batch["c2w"])}
     v, _ = model.apply({"params": params}, seq, ts, frame_pos=pos, mask=mask, cameras=cameras, local=local,
-                       rngs={"frame_select": k_sel})
+                       rngs={"frame_select": k_sel}, memory_plan=plan)
     return jnp.mean(jnp.square(v[:, n_clean:] - flow.velocity_target(x0, eps)))
 
   return loss_fn
