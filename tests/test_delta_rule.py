@@ -145,3 +145,19 @@ def test_bad_shapes_name_the_argument():
     dr.delta_rule_recurrent(q, k, v, g[..., :3], beta)
   with pytest.raises(ValueError, match="impl must be one of"):
     dr.delta_rule_chunked(q, k, v, g, beta, impl="triton")
+
+
+@pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
+@pytest.mark.parametrize("gate", ["kda", "gdn"])
+def test_kernels_match_the_reference(impl, gate):
+  arrays = _inputs(5, gate, t=21, b=1, dk=8, dv=8)  # 21 tokens: padded to chunks of 8
+
+  def run(which):
+    fn = lambda *a, **kw: dr.delta_rule_chunked(*a, chunk_size=8, impl=which, interpret=True, **kw)
+    return _jax_run(fn, arrays, use_s0=True)
+
+  o_k, s_k, g_k = run(impl)
+  o_r, s_r, g_r = run("xla")
+  assert _rel(o_k, o_r) <= 1e-5 and _rel(s_k, s_r) <= 1e-5
+  for name, a, b in zip(["q", "k", "v", "g", "beta", "initial_state"], g_k, g_r):
+    assert _rel(a, b) <= 1e-5, (name, _rel(a, b))

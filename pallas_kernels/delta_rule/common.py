@@ -1,0 +1,63 @@
+"""Shared wrapper of the delta-rule kernels: input preparation, padding, layout, ``custom_vjp``.
+
+Kernels work per (batch, head) on ``[T, K]`` slabs with ``T`` a multiple of the chunk, the
+scaled queries and the within-chunk cumulative log-decay. The forward kernel also returns the
+state at the start of every chunk (``[B, H, N, K, V]``), which the backward kernel reads while
+walking the chunks in reverse. Everything around the kernels (scale, cumulative sum,
+padding, transposes) is ordinary JAX and is differentiated by JAX.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxwm.ops import delta_rule as ref
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  chunk: int
+  num_chunks: int
+  interpret: object
+
+
+def make_delta_rule(forward, backward):
+  """``forward(q, k, v, g, beta, s0, dims) -> (o, states, s_final)``;
+  ``backward(q, k, v, g, beta, states, do, ds_final, dims) -> (dq, dk, dv, dg, dbeta, ds0)``,
+  all in the ``[B, H, T, ...]`` layout with ``beta [B, H, T, 1]``."""
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+  def core(q, k, v, g, beta, s0, dims):
+    o, _, s = forward(q, k, v, g, beta, s0, dims)
+    return o, s
+
+  def core_fwd(q, k, v, g, beta, s0, dims):
+    o, states, s = forward(q, k, v, g, beta, s0, dims)
+    return (o, s), (q, k, v, g, beta, states)
+
+  def core_bwd(dims, res, cot):
+    q, k, v, g, beta, states = res
+    do, ds = cot
+    return backward(q, k, v, g, beta, states, do.astype(jnp.float32), ds.astype(jnp.float32), dims)
+
+  core.defvjp(core_fwd, core_bwd)
+
+  def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
+                 interpret=False):
+    """Same contract as ``jaxwm.ops.delta_rule.delta_rule_chunked`` (``interpret=True``: CPU)."""
+    dtype = v.dtype
+    q, k, v, g, beta, s0 = ref._prepare(q, k, v, g, beta, scale, initial_state)  # pylint: disable=protected-access
+    b, t, h, _ = q.shape
+    pad = (-t) % chunk_size
+    q, k, v, g, beta = (ref._pad_time(x, pad) for x in (q, k, v, g, beta))  # pylint: disable=protected-access
+    n = (t + pad) // chunk_size
+    g = jnp.cumsum(g.reshape(b, n, chunk_size, h, -1), axis=2).reshape(g.shape)
+    to = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, ...] -> [B, H, T, ...]
+    dims = Dims(chunk=chunk_size, num_chunks=n, interpret=interpret)
+    o, s = core(to(q), to(k), to(v), to(g), to(beta)[..., None], s0, dims)
+    o = jnp.swapaxes(o, 1, 2)[:, :t]
+    return o.astype(dtype), (s if output_final_state else None)
+
+  return delta_rule
