@@ -141,7 +141,7 @@ def test_retention_closed_forms():
   np.testing.assert_allclose(read_a, read_b, atol=1e-6)
 
 
-def test_streaming_equals_training_layout_and_denoising_keeps_the_state(data):
+def test_streaming_equals_training_layout_and_denoising_keeps_the_state(data, tmp_path):
   model = WanModel(_cfg())
   variables, fn = _init(model, data)
   variables = _with_gate(variables)
@@ -167,6 +167,11 @@ def test_streaming_equals_training_layout_and_denoising_keeps_the_state(data):
     before = np.asarray(cache.aux["mem"])
     cache = commit_j(cache, data["clip"][:, frames], p, cams)
     assert float(np.abs(np.asarray(cache.aux["mem"][1]) - before[1]).max()) > 0  # the commit does
+  # The recurrent state travels with the rest of the sampler's cache.
+  restored = KVCache.load(cache.save(tmp_path / "cache.npz"))
+  for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(cache)):
+    np.testing.assert_array_equal(a, b)
+  assert set(restored.aux) == {"mem"}
 
 
 @pytest.mark.parametrize("layout", ["teacher_forcing", "diffusion_forcing"])

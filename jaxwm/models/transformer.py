@@ -36,16 +36,32 @@ def _constrain(x, axes):
   return nn.with_logical_constraint(x, axes)
 
 
+def _encode_kv(k, v, rope, cam, enc, plan, mrope_v=None):
+  """Temporal/spatial RoPE and the camera transform of keys (and values, for GTA/PRoPE/MRoPE)
+  of raw ``k, v [B, L, H, D]`` at their frames' ``rope`` angles and camera tensors ``cam``."""
+  k = apply_rotary(k, rope)
+  if enc == "viewrope":
+    k = cam_lib.viewrope_rotate(k, cam["rot"], plan.idx)
+  elif enc in ("gta", "prope"):
+    k = cam_lib.tile_transform(k, cam["g_inv"], plan.idx)
+    v = cam_lib.tile_transform(v, cam["g_inv"], plan.idx)
+  elif enc == "mrope":
+    v = v + mrope_v(cam_lib.tile_transform(v, cam["g_inv"], plan.idx)[..., plan.idx])
+  return k, v
+
+
 class Attention(nn.Module):
   """Multi-head attention with q/k RMSNorm across heads (Wan).
 
-  Self-attention: ``__call__(x, rope=angles, mask=..., cache={"k", "v", ...}, cam=tensors)``
-  returns the output and this call's own cache entries ``{"k", "v", ...}`` (what a commit
-  writes: keys and values keep the transform of their own camera; WorldRoPE keeps the
-  pre-transform keys and each key's Gaussians, ``wr_mean``, ``wr_cov``, ``wr_alpha``).
-  ``mask`` is a token-level bool mask (dense), or for frame-sparse attention a dict
-  ``{"history": [B, Sq, Sk] bool, "local": [B, Sq, C] int}`` (see :class:`WanModel`); the
-  selected frames are then returned as ``selected [B, Sq, k]``.
+  Self-attention: ``__call__(x, rope={"q": angles, "cache": angles}, mask=..., cache={"k", "v", ...},
+  cam={"q": tensors, "cache": tensors})`` returns the output and this call's own cache entries
+  ``{"k", "v", ...}``. Cached keys and values are *raw* (after the q/k norm, before any
+  position or camera transform): the transforms of their frames (``rope["cache"]``,
+  ``cam["cache"]``) are applied when they are read, so a memory policy may give retained frames
+  new (compact) temporal positions. WorldRoPE adds each key's Gaussians (``wr_mean``,
+  ``wr_cov``, ``wr_alpha``). ``mask`` is a token-level bool mask (dense), or for frame-sparse
+  attention a dict ``{"history": [B, Sq, Sk] bool, "local": [B, Sq, C] int}`` (see
+  :class:`WanModel`); the selected frames are then returned as ``selected [B, Sq, k]``.
   Cross-attention: ``__call__(x, context=ctx)``.
   """
   cfg: ModelConfig
@@ -60,27 +76,29 @@ class Attention(nn.Module):
     k = RMSNorm(cfg.eps, name="norm_k")(dense(cfg.dim, ("embed", "heads"), "to_k", dt)(src))
     v = dense(cfg.dim, ("embed", "heads"), "to_v", dt)(src)
     q, k, v = (a.reshape(a.shape[:2] + (h, d)) for a in (q, k, v))
-    enc = cfg.camera.encoding if (context is None and cam is not None) else "rope3d"
+    if context is not None:  # cross-attention: no positions, no cameras
+      out = dot_product_attention(q, k, v, None, impl=cfg.attention_impl)
+      return dense(cfg.dim, ("heads", "embed"), "to_out", dt)(out.reshape(out.shape[:2] + (cfg.dim,))), {}
+    enc = cfg.camera.encoding if cam is not None else "rope3d"
     plan = cam_lib.ChannelPlan(cfg.camera, d)
     if enc == "worldrope":
       return self._worldrope(x, q, k, v, rope, mask, cache, cam, plan)
-    if rope is not None:
-      q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-    if enc == "viewrope":
-      q, k = cam_lib.viewrope_rotate(q, cam["rot"], plan.idx), cam_lib.viewrope_rotate(k, cam["rot"], plan.idx)
-    elif enc in ("gta", "prope"):
-      g_t = jnp.swapaxes(cam["g"], -1, -2)
-      q = cam_lib.tile_transform(q, g_t, plan.idx)
-      k = cam_lib.tile_transform(k, cam["g_inv"], plan.idx)
-      v = cam_lib.tile_transform(v, cam["g_inv"], plan.idx)
-    elif enc == "mrope":  # v' = v + W_v (P^-1 . v), zero-initialised (ReWorld Eq. 1)
-      res = cam_lib.tile_transform(v, cam["g_inv"], plan.idx)[..., plan.idx]
-      v = v + nn.Dense(d, name="mrope_v", dtype=cfg.compute_dtype, use_bias=False, kernel_init=nn.with_logical_partitioning(
-          nn.initializers.zeros_init(), (None, None)))(res)
+    mrope_v = None
+    if enc == "mrope":  # v' = v + W_v (P^-1 . v), zero-initialised (ReWorld Eq. 1)
+      mrope_v = nn.Dense(d, name="mrope_v", dtype=cfg.compute_dtype, use_bias=False, kernel_init=nn.with_logical_partitioning(
+          nn.initializers.zeros_init(), (None, None)))
+    cam_q = None if cam is None else cam["q"]
     own = {"k": k, "v": v}
+    q = apply_rotary(q, rope["q"])
+    if enc == "viewrope":
+      q = cam_lib.viewrope_rotate(q, cam_q["rot"], plan.idx)
+    elif enc in ("gta", "prope"):
+      q = cam_lib.tile_transform(q, jnp.swapaxes(cam_q["g"], -1, -2), plan.idx)
+    k, v = _encode_kv(k, v, rope["q"], cam_q, enc, plan, mrope_v)
     if cache is not None:
-      k = jnp.concatenate([cache["k"].astype(k.dtype), k], axis=1)
-      v = jnp.concatenate([cache["v"].astype(v.dtype), v], axis=1)
+      kc, vc = _encode_kv(cache["k"].astype(k.dtype), cache["v"].astype(v.dtype), rope["cache"],
+                          None if cam is None else cam["cache"], enc, plan, mrope_v)
+      k, v = jnp.concatenate([kc, k], axis=1), jnp.concatenate([vc, v], axis=1)
     q = _constrain(q, ("batch", "length", "act_heads", "act_kv"))
     if isinstance(mask, dict):
       out, own["selected"] = self._sparse(q, k, v, mask)
@@ -88,9 +106,9 @@ class Attention(nn.Module):
       out = dot_product_attention(q, k, v, mask, impl=cfg.attention_impl)
     extra = None
     if enc in ("gta", "prope"):
-      out = cam_lib.tile_transform(out, cam["g"], plan.idx)
+      out = cam_lib.tile_transform(out, cam_q["g"], plan.idx)
     elif enc == "mrope":  # out = W_o y + W_p (P . y), W_p zero-initialised
-      py = cam_lib.tile_transform(out, cam["g"], plan.idx)[..., plan.idx]
+      py = cam_lib.tile_transform(out, cam_q["g"], plan.idx)[..., plan.idx]
       extra = nn.Dense(cfg.dim, name="mrope_out", dtype=dt, use_bias=False, kernel_init=nn.with_logical_partitioning(
           nn.initializers.zeros_init(), (None, "embed")))(py.reshape(py.shape[:2] + (-1,)))
     out = dense(cfg.dim, ("heads", "embed"), "to_out", dt)(out.reshape(out.shape[:2] + (cfg.dim,)))
@@ -114,8 +132,9 @@ class Attention(nn.Module):
   def _worldrope(self, x, q, k, v, rope, mask, cache, cam, plan):
     """WorldRoPE self-attention (``jaxwm.encodings.worldrope``): per-query-view keys."""
     cfg, cc = self.cfg, self.cfg.camera
+    cam = cam["q"]
     keep = jnp.asarray(~plan.pair_mask, jnp.float32)
-    q, k = apply_rotary(q, rope), apply_rotary(k, rope * keep)  # keys: time RoPE only
+    q = apply_rotary(q, rope["q"])
     m = cc.hypotheses
     raw = nn.Dense(3 * m, name="depth_head", kernel_init=nn.with_logical_partitioning(
         nn.initializers.zeros_init(), ("embed", None)), bias_init=nn.with_logical_partitioning(
@@ -124,10 +143,10 @@ class Attention(nn.Module):
     gauss = wr_lib.key_gaussians(raw, cam["uv"], cam["key_k"], cam["key_c2w"], pixels,
                                  jnp.linspace(cc.depth_range[0], cc.depth_range[1], m))
     own = {"k": k, "v": v, **{f"wr_{name}": a for name, a in gauss.items()}}
+    own_all = dict(own, k=apply_rotary(k, rope["q"] * keep))  # keys: time RoPE only, at their positions
     if cache is not None:
-      own_all = {name: jnp.concatenate([cache[name].astype(a.dtype), a], axis=1) for name, a in own.items()}
-    else:
-      own_all = own
+      cached = dict(cache, k=apply_rotary(cache["k"].astype(k.dtype), rope["cache"] * keep))
+      own_all = {name: jnp.concatenate([cached[name].astype(a.dtype), a], axis=1) for name, a in own_all.items()}
     pairs = sorted({c // 2 for c in plan.idx})
     freqs = wr_lib.hw_frequencies(cfg.head_dim, pairs, cfg.rope_theta, cc.mixed_frequencies)
     k_views = wr_lib.transform_keys(own_all["k"], {n: own_all[f"wr_{n}"] for n in ("mean", "cov", "alpha")},
@@ -235,9 +254,12 @@ class WanModel(nn.Module):
     frame_pos: ``[B, S]`` temporal RoPE positions (default ``0..S-1``).
     mask: frame-level bool ``[B, S, S_cache + S]`` (True = attend), or None (dense).
     context: ``[B, Lt, text_dim]`` conditioning sequence (used when ``cross_attn``).
-    cache: ``{"k": ..., "v": ..., ...}`` with ``[num_layers, B, S_cache*N, H, Dh]`` keys/values
-      of earlier frames, already encoded (RoPE and camera), read but not written (WorldRoPE
-      adds each key's Gaussians, see :class:`Attention`).
+    cache: ``{"k": ..., "v": ..., ...}`` with ``[num_layers, B, S_cache*N, H, Dh]`` raw keys/values
+      of earlier frames (encoded when read, see :class:`Attention`), read but not written
+      (WorldRoPE adds each key's Gaussians).
+    cache_frames: with a cache, ``{"pos": [B, S_cache]}`` temporal positions of the cached frames
+      (a memory policy may compact them) and, for camera-conditioned models, their ``c2w``
+      and ``intrinsics``.
     cameras: dict with ``c2w [B, S, 4, 4]`` (re-anchored on the clip's first frame),
       ``intrinsics [B, S, 3, 3]`` (pixels of the frames), optional ``scale [B]`` (translation
       multiplier, e.g. ``trajectory_scale`` of the whole trajectory); required when the model
@@ -262,7 +284,7 @@ class WanModel(nn.Module):
 
   @nn.compact
   def __call__(self, latents, timesteps, *, frame_pos=None, mask=None, context=None, cache=None, cameras=None,
-               local=None, memory_plan=None):
+               local=None, memory_plan=None, cache_frames=None):
     cfg = self.cfg
     b, s, hh, ww, _ = latents.shape
     pt, ph, pw = cfg.patch_size
@@ -304,19 +326,38 @@ class WanModel(nn.Module):
       if context is None:
         raise ValueError("model.cross_attn is on: pass context [B, Lt, text_dim]")
       context = TextProjection(cfg.dim, name="text_embedder")(context.astype(jnp.float32)).astype(cfg.compute_dtype)
-    rope = rope3d_angles(token_positions(frame_pos, grid), cfg.head_dim, cfg.rope_theta)
     plan = cam_lib.ChannelPlan(cam_cfg, cfg.head_dim)
-    if plan.replace:  # hw_low_replace: the camera channels lose their RoPE
-      rope = jnp.where(jnp.asarray(plan.pair_mask), 0.0, rope)
+    mrope_mlp = None
     if cam_cfg.encoding == "mrope":  # pose phases (ReWorld Eq. 1), zero-initialised MLP, on the camera channels
-      desc = cam_lib.pose_descriptor(cameras["c2w"], scale)
-      hid = nn.silu(dense(cam_cfg.mrope_hidden, (None, "mlp"), "mrope_mlp_in", jnp.float32)(desc))
-      delta = nn.Dense(cfg.num_heads * cfg.head_dim // 2, name="mrope_mlp_out", kernel_init=nn.with_logical_partitioning(
-          nn.initializers.zeros_init(), ("mlp", "heads")), bias_init=nn.with_logical_partitioning(
-              nn.initializers.zeros_init(), ("heads",)))(hid)
-      delta = delta.reshape(b, s_tok, 1, cfg.num_heads, cfg.head_dim // 2) * jnp.asarray(plan.pair_mask)
-      delta = jnp.broadcast_to(delta, (b, s_tok, n, cfg.num_heads, cfg.head_dim // 2))
-      rope = rope[:, :, None, :] + delta.reshape(b, s_tok * n, cfg.num_heads, cfg.head_dim // 2)
+      mrope_mlp = (dense(cam_cfg.mrope_hidden, (None, "mlp"), "mrope_mlp_in", jnp.float32),
+                   nn.Dense(cfg.num_heads * cfg.head_dim // 2, name="mrope_mlp_out",
+                            kernel_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp", "heads")),
+                            bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("heads",))))
+
+    def frame_rope(pos, c2w):
+      """RoPE angles ``[B, F*N, (H,) D/2]`` of frames at temporal positions ``pos [B, F]``."""
+      r = rope3d_angles(token_positions(pos, grid), cfg.head_dim, cfg.rope_theta)
+      if plan.replace:  # hw_low_replace: the camera channels lose their RoPE
+        r = jnp.where(jnp.asarray(plan.pair_mask), 0.0, r)
+      if mrope_mlp is not None:
+        f = pos.shape[1]
+        delta = mrope_mlp[1](nn.silu(mrope_mlp[0](cam_lib.pose_descriptor(c2w, scale))))
+        delta = delta.reshape(b, f, 1, cfg.num_heads, cfg.head_dim // 2) * jnp.asarray(plan.pair_mask)
+        delta = jnp.broadcast_to(delta, (b, f, n, cfg.num_heads, cfg.head_dim // 2))
+        r = r[:, :, None, :] + delta.reshape(b, f * n, cfg.num_heads, cfg.head_dim // 2)
+      return r
+
+    rope = {"q": frame_rope(frame_pos, None if cameras is None else cameras["c2w"])}
+    if cam is not None:
+      cam = {"q": cam}
+    if cache is not None:
+      if cache_frames is None:
+        raise ValueError("a cache needs cache_frames {'pos' [B, M], and for camera-conditioned models 'c2w', "
+                         "'intrinsics'}: cached keys are encoded at their frames' positions when read")
+      rope["cache"] = frame_rope(cache_frames["pos"], cache_frames.get("c2w"))
+      if cam is not None and cam_cfg.encoding != "worldrope":
+        cam["cache"] = cam_lib.camera_tensors(cam_cfg, cache_frames["c2w"], cache_frames["intrinsics"], scale, grid,
+                                              (ph, pw))
     mem = None
     if cfg.loci.enabled:
       if mask is None or local is None or memory_plan is None:

@@ -7,6 +7,9 @@ compiles once, whatever the rollout length. Classifier-free guidance runs the co
 unconditional branches as one doubled batch, each with its own cache rows.
 """
 
+import os
+import pathlib
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -24,13 +27,19 @@ WHOLE_ENTRIES = ("mem",)  # replaced by a commit (recurrent state), not appended
 
 @flax.struct.dataclass
 class KVCache:
-  """``k, v``: ``[num_layers, B, max_frames * N, H, Dh]``; ``valid``: ``[B, max_frames]``; ``length``:
-  frames written; ``aux``: further per-key entries (WorldRoPE's ``wr_mean``, ``wr_cov``, ``wr_alpha``) and
-  LOCI's delta-rule state ``mem [num_layers, B, H, K, V]`` float32, which only a commit writes."""
+  """A fixed-size cache of ``max_frames`` frame slots.
+
+  ``k, v``: ``[num_layers, B, max_frames * N, H, Dh]`` raw keys/values (positions and cameras are
+  applied when read); ``valid``: ``[B, max_frames]`` which slots attend; ``length``: frames
+  committed so far; ``frames``: per slot ``pos [B, max_frames]`` (the temporal position the slot
+  is read at), ``c2w [B, max_frames, 4, 4]``, ``intrinsics [B, max_frames, 3, 3]``; ``aux``: further
+  per-key entries (WorldRoPE's ``wr_mean``, ``wr_cov``, ``wr_alpha``) and LOCI's delta-rule state
+  ``mem [num_layers, B, H, K, V]`` float32, which only a commit writes."""
   k: jax.Array
   v: jax.Array
   valid: jax.Array
   length: jax.Array
+  frames: dict
   aux: dict = flax.struct.field(default_factory=dict)
 
   @classmethod
@@ -42,13 +51,37 @@ class KVCache:
       aux["mem"] = jnp.zeros((cfg.num_layers, batch, cfg.num_heads, cfg.head_dim, cfg.head_dim), jnp.float32)
     if cfg.camera.encoding == "worldrope":
       m = cfg.camera.hypotheses
-      aux = {"wr_mean": jnp.zeros(lead + (m, 3)), "wr_cov": jnp.zeros(lead + (m, 3, 3)),
-             "wr_alpha": jnp.zeros(lead + (m,))}
+      aux.update({"wr_mean": jnp.zeros(lead + (m, 3)), "wr_cov": jnp.zeros(lead + (m, 3, 3)),
+                  "wr_alpha": jnp.zeros(lead + (m,))})
+    frames = {"pos": jnp.zeros((batch, max_frames), jnp.float32),
+              "c2w": jnp.broadcast_to(jnp.eye(4), (batch, max_frames, 4, 4)),
+              "intrinsics": jnp.broadcast_to(jnp.eye(3), (batch, max_frames, 3, 3))}
     return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, max_frames), bool),
-               jnp.zeros((), jnp.int32), aux)
+               jnp.zeros((), jnp.int32), frames, aux)
 
   def entries(self):
     return {"k": self.k, "v": self.v, **self.aux}
+
+  def save(self, path):
+    """Writes the whole cache (keys, values, validity, length and aux entries such as LOCI's
+    recurrent state ``mem``) to ``path`` (``.npz``), atomically (temporary file, then rename)."""
+    path = pathlib.Path(path)
+    arrays = {"k": self.k, "v": self.v, "valid": self.valid, "length": self.length,
+              **{f"aux.{n}": a for n, a in self.aux.items()}, **{f"frames.{n}": a for n, a in self.frames.items()}}
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+      np.savez(f, **{n: np.asarray(a) for n, a in arrays.items()})
+    os.replace(tmp, path)
+    return path
+
+  @classmethod
+  def load(cls, path):
+    """Reads a cache written by :meth:`save`."""
+    with np.load(path) as z:
+      aux = {n[4:]: jnp.asarray(z[n]) for n in z.files if n.startswith("aux.")}
+      frames = {n[7:]: jnp.asarray(z[n]) for n in z.files if n.startswith("frames.")}
+      return cls(jnp.asarray(z["k"]), jnp.asarray(z["v"]), jnp.asarray(z["valid"]), jnp.asarray(z["length"]),
+                 frames, aux)
 
 
 def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, cameras=None, rng=None):
@@ -70,22 +103,36 @@ def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, camera
   rngs = None if rng is None else {"frame_select": rng}
   plan = MemoryPlan.make(np.ones(sc, int), np.ones(sc, bool)) if model.cfg.loci.enabled else None
   return model.apply(variables, x, t * flow.TIMESTEP_SCALE, frame_pos=frame_pos, mask=mask, context=context,
-                     cache=cache.entries(), cameras=cameras, local=local, rngs=rngs, memory_plan=plan)
+                     cache=cache.entries(), cameras=cameras, local=local, rngs=rngs, memory_plan=plan,
+                     cache_frames=cache.frames)
 
 
-def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rng=None):
-  """Writes the keys/values of clean chunk ``x`` (forward at ``t = 0``) after the cache's valid frames."""
+def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rng=None, slots=None):
+  """Writes the raw keys/values of clean chunk ``x`` (forward at ``t = 0``) into cache slots.
+
+  ``slots``: ``[Sc]`` int slot of each frame (default: the next ones, ``length .. length+Sc-1``);
+  the slots' positions are ``frame_pos`` and their cameras the chunk's.
+  """
   b, sc = x.shape[:2]
   _, own = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras, rng)
   n = own["k"].shape[2] // sc
-  start = cache.length * n
-  new = {name: (own[name].astype(buf.dtype) if name in WHOLE_ENTRIES else
-                jax.lax.dynamic_update_slice_in_dim(buf, own[name].astype(buf.dtype), start, axis=2))
-         for name, buf in cache.entries().items()}
-  return cache.replace(
-      k=new.pop("k"), v=new.pop("v"), aux=new,
-      valid=jax.lax.dynamic_update_slice_in_dim(cache.valid, jnp.ones((b, sc), bool), cache.length, axis=1),
-      length=cache.length + sc)
+  slots = cache.length + jnp.arange(sc) if slots is None else jnp.asarray(slots, jnp.int32)
+  new = {}
+  for name, buf in cache.entries().items():
+    val = own[name].astype(buf.dtype)
+    if name not in WHOLE_ENTRIES:
+      for i in range(sc):
+        val_i = jax.lax.slice_in_dim(own[name].astype(buf.dtype), i * n, (i + 1) * n, axis=2)
+        buf = jax.lax.dynamic_update_slice_in_dim(buf, val_i, slots[i] * n, axis=2)
+      val = buf
+    new[name] = val
+  cams = cameras or {}
+  chunk_frames = {"pos": frame_pos.astype(jnp.float32),
+                  "c2w": cams.get("c2w", jnp.broadcast_to(jnp.eye(4), (b, sc, 4, 4))),
+                  "intrinsics": cams.get("intrinsics", jnp.broadcast_to(jnp.eye(3), (b, sc, 3, 3)))}
+  frames = {name: buf.at[:, slots].set(chunk_frames[name].astype(buf.dtype)) for name, buf in cache.frames.items()}
+  return cache.replace(k=new.pop("k"), v=new.pop("v"), aux=new, valid=cache.valid.at[:, slots].set(True),
+                       frames=frames, length=cache.length + sc)
 
 
 def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, guidance=1.0, cameras=None, rng=None):
