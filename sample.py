@@ -4,6 +4,7 @@
   python sample.py --workdir runs/tiny --clip 7 --frames 17 --out samples/clip7.mp4
   python sample.py --workdir runs/tiny --image first.png --preset yaw90
   python sample.py --workdir runs/tiny --image first.png --trajectory cams.txt   # RealEstate10K format
+  python sample.py --workdir runs/tiny --image first.png --preset yaw90 --frames 1001 --memory landmark
 
 Writes the video (generated, or ground truth | generated) and a JSON of PSNR/SSIM per frame
 and at the return pose.
@@ -36,6 +37,9 @@ def main(argv=None):
   p.add_argument("--frames", type=int, default=None, help="frames to generate (1 + k * chunk); default: training clip")
   p.add_argument("--steps", type=int, default=None, help="Euler steps per chunk")
   p.add_argument("--shift", type=float, default=None)
+  p.add_argument("--memory", default="full", choices=["full", "window", "landmark", "panorama"],
+                 help="which earlier frames each chunk attends to (bounded policies for long rollouts; DESIGN §8)")
+  p.add_argument("--window", type=int, default=8, help="--memory window: frames kept after the sink")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="samples/sample.gif", help=".gif or .mp4")
   args = p.parse_args(argv)
@@ -53,6 +57,7 @@ def main(argv=None):
   from jaxwm.data.procedural import ProceduralClips  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation.metrics import psnr, ssim  # pylint: disable=g-import-not-at-top
   from jaxwm.geometry import parse_realestate10k, reanchor, validate_cameras  # pylint: disable=g-import-not-at-top
+  from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
   from jaxwm.models import vae  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling import StreamingSampler  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.presets import preset_trajectory  # pylint: disable=g-import-not-at-top
@@ -97,11 +102,13 @@ def main(argv=None):
                              channels=lat0.shape[-1], num_steps=args.steps or config.sample.num_steps,
                              shift=args.shift if args.shift is not None else config.sample.shift)
   cams = {"c2w": jnp.asarray(c2w, jnp.float32)[None], "intrinsics": jnp.asarray(k, jnp.float32)[None]}
-  out = sampler.rollout(lat0, frames_n, chunk, jax.random.key(args.seed), cams)
+  kwargs = {"window": args.window} if args.memory == "window" else {}
+  memory = make_policy(args.memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(size, size), **kwargs)
+  out = sampler.rollout(lat0, frames_n, chunk, jax.random.key(args.seed), cams, memory=memory, progress=True)
   video = np.asarray(vae.to_uint8(vae.decode(out[0], d.latent_stride)))
   out_path = pathlib.Path(args.out)
   write_video(out_path, video if gt is None else side_by_side(gt, video), fps=6, scale=max(1, 128 // size))
-  report = {"checkpoint_step": int(step), "frames": frames_n, "return_frame": int(ret)}
+  report = {"checkpoint_step": int(step), "frames": frames_n, "return_frame": int(ret), "memory": args.memory}
   if gt is not None:
     report["psnr"] = [float(x) for x in psnr(video, gt)]
     report["ssim"] = [float(x) for x in ssim(video, gt)]

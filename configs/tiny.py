@@ -29,14 +29,19 @@ def get_config():
   # frame of 192 values, so model.dim >= 192 (a narrower model cannot pass the noise through and samples stay noisy).
   c.data = ml_collections.ConfigDict(dict(
       source="tfds", data_dir="data/tfds", num_clips=256, clips_per_scene=8, clip_frames=17, render_size=64,
-      image_size=32, latent_stride=4, num_frames=9, frame_stride=2, batch_size=4, worker_count=0))
+      image_size=32, latent_stride=4, num_frames=9, frame_stride=2, batch_size=4, worker_count=0,
+      palindrome_prob=0.0, scale_divisor=1.0, convention="opencv"))
   # LOCI hybrid blocks (DESIGN §7): intra-chunk attention + delta-rule memory in `blocks` (LOCI: 15 of 30).
   c.model.loci = ml_collections.ConfigDict(dict(
       enabled=False, blocks=(1, 3), alpha_min=0.2, init_retention=0.7, translation_divisor=6.0, chunk_size=64,
       impl="xla"))
   # layout: teacher_forcing (clean history + noisy chunks) | diffusion_forcing (every chunk noised independently).
-  c.recipe = ml_collections.ConfigDict(dict(chunk_size=2, timestep_distribution="uniform", timestep_shift=1.0,
-                                            layout="teacher_forcing"))
+  # ReWorld's recipe (DESIGN §5): chunk drop keeps the sink + `keep` random past chunks; head windows give a
+  # routed `global_fraction` of heads the whole history and the rest the last `window` frames.
+  c.recipe = ml_collections.ConfigDict(dict(
+      chunk_size=2, timestep_distribution="uniform", timestep_shift=1.0, layout="teacher_forcing",
+      chunk_drop=dict(enabled=False, keep=5),
+      head_windows=dict(enabled=False, window=12, global_fraction=0.25, pool=12)))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=50, end_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.99, eps=1e-8, grad_clip=1.0,
       ema_decay=0.0))

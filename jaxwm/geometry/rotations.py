@@ -142,6 +142,23 @@ def interpolate_poses(t0, t1, alpha):
   return make_se3(rot, trans)
 
 
+def downsample_poses(c2w, factor):
+  """``[F, 4, 4] -> [F // factor, 4, 4]``: each group of ``factor`` poses becomes one, SE(3)-aware
+  (ReWorld App. A.2): translations averaged, rotations averaged on the manifold (the chordal mean,
+  projected back onto SO(3) by SVD), never the arithmetic mean of matrices, which is singular
+  across a palindrome's mirror point."""
+  xp = xp_of(c2w)
+  c2w = asarray(xp, c2w)
+  f = (c2w.shape[0] // factor) * factor
+  g = c2w[:f].reshape((f // factor, factor, 4, 4))
+  m = g[:, :, :3, :3].mean(axis=1)
+  u, _, vt = xp.linalg.svd(m)
+  d = xp.sign(xp.linalg.det(u @ vt))
+  fix = xp.concatenate([xp.ones(d.shape + (2,), dtype=m.dtype), d[..., None]], -1)
+  rot = (u * fix[:, None, :]) @ vt
+  return make_se3(rot, g[:, :, :3, 3].mean(axis=1))
+
+
 def _axis_rotation(xp, angle, axis):
   c, s = xp.cos(angle), xp.sin(angle)
   o, l = xp.zeros_like(angle), xp.ones_like(angle)
@@ -156,6 +173,8 @@ def _axis_rotation(xp, angle, axis):
 
 def rotation_about_axis(angle, axis):
   """Rotation by ``angle`` (radians, ``[...]``) about coordinate axis 0 (x), 1 (y) or 2 (z)."""
+  if axis not in (0, 1, 2):
+    raise ValueError(f"axis must be 0 (x), 1 (y) or 2 (z); got {axis!r}")
   xp = xp_of(angle)
   return _axis_rotation(xp, asarray(xp, angle), axis)
 

@@ -187,7 +187,7 @@ class Block(nn.Module):
       if isinstance(mask, dict):
         mask = {**mask, "history": mask["history"] & ~on}
       else:
-        mask = jnp.where(on, mem["local"], mask)
+        mask = jnp.where(on, mem["local"] if mask.ndim == 3 else mem["local"][:, None], mask)
     attn, kv = Attention(cfg, name="attn1")(y, rope=rope, mask=mask, cache=cache, cam=cam)
     if cfg.loci.enabled:
       state_in = mem["state"] if cache is None or "mem" not in cache else cache["mem"]
@@ -236,11 +236,11 @@ def token_positions(frame_pos, grid_hw):
 
 
 def expand_frame_mask(mask, tokens_per_frame):
-  """Frame-level ``[B, Sq, Sk]`` bool mask -> token-level ``[B, Sq*N, Sk*N]``."""
-  b, sq, sk = mask.shape
+  """Frame-level ``[B, (H,) Sq, Sk]`` bool mask -> token-level ``[B, (H,) Sq*N, Sk*N]``."""
+  *lead, sq, sk = mask.shape
   n = tokens_per_frame
-  m = jnp.broadcast_to(mask[:, :, None, :, None], (b, sq, n, sk, n))
-  return m.reshape(b, sq * n, sk * n)
+  m = jnp.broadcast_to(mask[..., :, None, :, None], (*lead, sq, n, sk, n))
+  return m.reshape(*lead, sq * n, sk * n)
 
 
 class WanModel(nn.Module):
@@ -252,7 +252,8 @@ class WanModel(nn.Module):
     latents: ``[B, S, h, w, C]`` frame sequence.
     timesteps: ``[B, S]`` per frame or ``[B, S*N]`` per token, Wan scale (0..1000).
     frame_pos: ``[B, S]`` temporal RoPE positions (default ``0..S-1``).
-    mask: frame-level bool ``[B, S, S_cache + S]`` (True = attend), or None (dense).
+    mask: frame-level bool ``[B, S, S_cache + S]`` (True = attend), or per head
+      ``[B, H, S, S_cache + S]`` (ReWorld's head windows), or None (dense).
     context: ``[B, Lt, text_dim]`` conditioning sequence (used when ``cross_attn``).
     cache: ``{"k": ..., "v": ..., ...}`` with ``[num_layers, B, S_cache*N, H, Dh]`` raw keys/values
       of earlier frames (encoded when read, see :class:`Attention`), read but not written
@@ -372,6 +373,8 @@ class WanModel(nn.Module):
              "rope": rope3d_angles(zero_t, cfg.head_dim, cfg.rope_theta),
              "state": jnp.zeros((b, cfg.num_heads, cfg.head_dim, cfg.head_dim), jnp.float32)}
     if cfg.attention.sparse:
+      if mask is not None and mask.ndim == 4:
+        raise ValueError("per-head masks (head windows) are not supported with frame-sparse attention")
       if mask is None or local is None:
         raise ValueError(f"model.attention.sparsity={cfg.attention.sparsity!r} needs the frame mask and `local` "
                          "(each frame's own-chunk key frames)")

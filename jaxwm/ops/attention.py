@@ -23,8 +23,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
 
   Args:
     q: ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``.
-    mask: bool, broadcastable to ``[B, Lq, Lk]`` (True = attend) or None (dense). Every
-      query must attend to at least one key.
+    mask: bool, broadcastable to ``[B, Lq, Lk]`` or per head ``[B, H, Lq, Lk]`` (True = attend),
+      or None (dense). Every query must attend to at least one key.
     scale: defaults to ``D ** -0.5``.
     impl: ``"xla"`` (this reference), ``"cudnn"`` (``jax.nn.dot_product_attention`` with
       cuDNN, GPU only) or ``"auto"``.
@@ -35,7 +35,10 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
   impl = resolve_impl(impl)
   scale = q.shape[-1] ** -0.5 if scale is None else scale
   if impl == "cudnn":
-    m = None if mask is None else jnp.broadcast_to(mask, (q.shape[0], q.shape[1], k.shape[1]))[:, None]
+    m = None
+    if mask is not None:
+      m = mask[:, None] if mask.ndim == 3 else mask
+      m = jnp.broadcast_to(m, (q.shape[0], m.shape[1], q.shape[1], k.shape[1]))
     return jax.nn.dot_product_attention(q, k, v, mask=m, scale=scale, implementation="cudnn")
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
   if mask is not None:

@@ -85,33 +85,67 @@ def _pad_time(x, pad):
   return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if pad else x
 
 
-def _chunk_step(s, q, k, v, gcum, beta):
-  """One chunk of the WY/UT form (DESIGN §7) for all batch rows and heads.
+def _decayed_products(x, k, gcum, sub):
+  """``P[..., i, j] = sum_d x_id k_jd exp(G_id - G_jd)`` for ``j <= i`` (0 above), chunk ``[..., C, K]``.
 
-  Args:
-    s: ``[B, H, K, V]`` state before the chunk.
-    q (scaled), k, gcum (within-chunk cumulative log-decay): ``[B, H, C, K]``; v: ``[B, H, C, V]``;
-    beta: ``[B, H, C]``.
-
-  Returns:
-    ``(state after the chunk, o [B, H, C, V])``.
+  Within sub-chunks of ``sub`` tokens the decay is formed pairwise; across sub-chunks it is
+  factorised at the end ``r`` of the key's sub-chunk, ``exp(G_i - G_r) exp(G_r - G_j)``, both
+  factors ``<= 1`` -- so no exponential of a positive cumulative difference is ever taken.
   """
-  c = q.shape[2]
-  lower = jnp.tril(jnp.ones((c, c), bool))
-  # exp(G_i - G_j) for j <= i only: the difference is <= 0 there (decays are <= 0).
-  diff = jnp.where(lower[..., None], gcum[:, :, :, None, :] - gcum[:, :, None, :, :], -jnp.inf)
-  decay = jnp.exp(diff)  # [B, H, C, C, K]
-  strict = jnp.tril(jnp.ones((c, c), bool), -1)
-  a_kk = jnp.where(strict, jnp.einsum("bhik,bhijk,bhjk->bhij", k, decay, k), 0.0) * beta[..., None]
-  a_qk = jnp.where(lower, jnp.einsum("bhik,bhijk,bhjk->bhij", q, decay, k), 0.0)
-  # T = (I + A)^-1 by forward substitution: w = T (beta exp(G) k), u = T (beta v).
-  solve = functools.partial(jax.scipy.linalg.solve_triangular, lower=True, unit_diagonal=True)
-  w = solve(a_kk, beta[..., None] * jnp.exp(gcum) * k)
-  u = solve(a_kk, beta[..., None] * v)
+  c, dk = x.shape[-2:]
+  n = c // sub
+  lead = x.shape[:-2]
+  xs, ks, gs = (a.reshape(lead + (n, sub, dk)) for a in (x, k, gcum))
+  tri = jnp.tril(jnp.ones((sub, sub), bool))
+  diff = jnp.where(tri[:, :, None], gs[..., :, None, :] - gs[..., None, :, :], -jnp.inf)  # [..., n, s, s, K]
+  diag = jnp.einsum("...nik,...nijk,...njk->...nij", xs, jnp.exp(diff), ks)
+  ref = gs[..., -1, :]  # [..., n, K] cumulative decay at the end of each sub-chunk
+  k_ref = ks * jnp.exp(ref[..., :, None, :] - gs)  # keys decayed to their sub-chunk's end
+  later = jnp.tril(jnp.ones((n, n), bool), -1)  # query sub-chunk I after key sub-chunk J
+  expo = jnp.minimum(gs[..., :, None, :, :] - ref[..., None, :, None, :], 0.0)  # [..., I, J, s, K]
+  off = jnp.einsum("...Iik,...IJik,...Jjk->...IiJj", xs, jnp.exp(expo), k_ref)
+  off = jnp.where(later[:, None, :, None], off, 0.0)
+  eye = jnp.eye(n, dtype=bool)[:, None, :, None]
+  full = off + jnp.where(eye, diag[..., :, :, None, :], 0.0)  # [..., I, i, J, j]
+  return full.reshape(lead + (c, c))
+
+
+def _unit_lower_inverse(a):
+  """``(I + A)^-1`` for strictly lower-triangular (so nilpotent) ``A [..., C, C]``:
+  ``(I - A)(I + A^2)(I + A^4)...`` -- ``log2 C`` matmuls, exact once ``A^(2^m) = 0`` (``2^m >= C``).
+  Matmuls only (XLA:CPU's triangular-solve custom call has hung on repeated backward passes)."""
+  c = a.shape[-1]
+  eye = jnp.eye(c, dtype=a.dtype)
+  inv, power, n = eye - a, a, 2
+  while n < c:
+    power = power @ power
+    inv = inv @ (eye + power)
+    n *= 2
+  return inv
+
+
+def _intra_chunk(q, k, v, gcum, beta, sub):
+  """Everything of the WY/UT form that does not depend on the incoming state, for all chunks at
+  once (``[..., C, ...]``): ``(w, u, a_qk, q exp(G), exp(G_C - G) k, exp(G_C))``."""
+  c = q.shape[-2]
+  p_kk = _decayed_products(k, k, gcum, sub)
+  a_kk = jnp.where(jnp.tril(jnp.ones((c, c), bool), -1), p_kk, 0.0) * beta[..., None]
+  a_qk = _decayed_products(q, k, gcum, sub)
+  # T = (I + A)^-1: w = T (beta exp(G) k), u = T (beta v).
+  t_inv = _unit_lower_inverse(a_kk)
+  w = t_inv @ (beta[..., None] * jnp.exp(gcum) * k)
+  u = t_inv @ (beta[..., None] * v)
+  last = gcum[..., -1:, :]
+  return w, u, a_qk, q * jnp.exp(gcum), jnp.exp(last - gcum) * k, jnp.exp(last[..., 0, :])
+
+
+def _state_step(s, xs):
+  """One chunk of the state recurrence: ``v_new = u - w S``, ``o = (q exp(G)) S + Aqk v_new``,
+  ``S <- exp(G_C) S + (exp(G_C - G) k)^T v_new``."""
+  w, u, a_qk, qg, kt, decay = xs
   v_new = u - jnp.einsum("bhck,bhkv->bhcv", w, s)
-  o = jnp.einsum("bhck,bhkv->bhcv", q * jnp.exp(gcum), s) + jnp.einsum("bhij,bhjv->bhiv", a_qk, v_new)
-  last = gcum[:, :, -1]  # [B, H, K]
-  s = s * jnp.exp(last)[..., None] + jnp.einsum("bhck,bhcv->bhkv", jnp.exp(last[:, :, None] - gcum) * k, v_new)
+  o = jnp.einsum("bhck,bhkv->bhcv", qg, s) + jnp.einsum("bhij,bhjv->bhiv", a_qk, v_new)
+  s = s * decay[..., None] + jnp.einsum("bhck,bhcv->bhkv", kt, v_new)
   return s, o
 
 
@@ -128,12 +162,10 @@ def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
     return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
 
   gcum = jnp.cumsum(chunks(g), axis=3)
-
-  @jax.checkpoint  # backward keeps one state per chunk, not the [C, C, K] decays
-  def body(s, xs):
-    return _chunk_step(s, *xs)
-
-  s, o = jax.lax.scan(body, s0, (chunks(q), chunks(k), chunks(v), gcum, chunks(beta)))
+  sub = next(s for s in (8, 4, 2, 1) if chunk_size % s == 0)
+  intra = jax.checkpoint(functools.partial(_intra_chunk, sub=sub))  # recomputed in the backward pass
+  xs = intra(chunks(q), chunks(k), chunks(v), gcum, chunks(beta))
+  s, o = jax.lax.scan(_state_step, s0, xs)
   o = jnp.moveaxis(o, 0, 1)  # [B, N, H, C, V]
   o = jnp.moveaxis(o, 2, 3).reshape(b, n * chunk_size, h, -1)
   return o[:, :t], s

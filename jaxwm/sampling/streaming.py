@@ -214,55 +214,167 @@ class StreamingSampler:
       return None
     return jax.tree_util.tree_map(self._rows, dict(cameras))
 
-  def start(self, first, cameras=None):
+  def start(self, first, cameras=None, cache=None):
     """Commits the conditioning frame(s) ``first [B, S0, h, w, C]`` at positions ``0..S0-1``."""
     pos = jnp.broadcast_to(jnp.arange(first.shape[1], dtype=jnp.float32), (self.rows, first.shape[1]))
-    return _commit_jit(self.model, self.variables, self.empty_cache(), self._rows(first), pos, self.context,
-                       self._cams(cameras))
+    cache = self.empty_cache() if cache is None else cache
+    return _commit_jit(self.model, self.variables, cache, self._rows(first), pos, self.context, self._cams(cameras))
 
-  def generate(self, cache, key, num_frames, cameras=None):
+  def generate(self, cache, key, num_frames, cameras=None, start=None, slots=None, commit_before=None):
     """Generates the next ``num_frames`` frames after the cache's frames; returns ``(latents, cache)``.
 
     ``cameras``: the new frames' ``c2w``/``intrinsics`` ``[B, num_frames, ...]`` and ``scale [B]``.
+    ``start``: temporal position of the first new frame (default: frames committed so far);
+    ``slots``: cache slots the commit writes (default: the next ones); ``commit_before(x)``
+    runs between denoising and the commit (memory bookkeeping) and may return new ``slots``.
     """
     shape = (self.batch_size, num_frames, *self.latent_hw, self.channels)
     z = self._rows(_normal_jit(key, shape))
-    start = cache.length.astype(jnp.float32)
+    start = cache.length.astype(jnp.float32) if start is None else jnp.float32(start)
     pos = jnp.broadcast_to(start + jnp.arange(num_frames, dtype=jnp.float32), (self.rows, num_frames))
     cams = self._cams(cameras)
     sparse = self.cfg.attention.sparse
     x = _denoise_jit(model=self.model, variables=self.variables, cache=cache, noise=z, frame_pos=pos,
                      schedule=self.schedule, context=self.context, guidance=self.guidance, cameras=cams,
                      rng=jax.random.fold_in(key, 1) if sparse else None)
+    if commit_before is not None:
+      slots = commit_before(x)
     cache = _commit_jit(self.model, self.variables, cache, x, pos, self.context, cams,
-                        jax.random.fold_in(key, 2) if sparse else None)
+                        jax.random.fold_in(key, 2) if sparse else None, slots)
     return x[:self.batch_size], cache
 
-  def rollout(self, first, num_frames, chunk_size, key, cameras=None):
+  def rollout(self, first, num_frames, chunk_size, key, cameras=None, memory=None, progress=False, callback=None):
     """``first [B, 1, h, w, C]`` -> ``[B, num_frames, h, w, C]`` (frame 0 is ``first``), chunk by chunk.
 
     ``num_frames = 1 + k * chunk_size``; chunk ``c`` uses noise key ``fold_in(key, c)``.
     ``cameras``: the whole trajectory, ``c2w [B, F, 4, 4]`` (re-anchored on frame 0) and
     ``intrinsics [B, F, 3, 3]``; its translation scale is computed once over all frames.
+    ``memory``: a :class:`jaxwm.memory.MemoryPolicy` (default: the full cache, ``max_frames``
+    slots); its policy decides which frames stay, in ``memory.capacity`` device slots, at compact
+    positions. Its decisions use the first batch row's cameras. ``progress``: a tqdm bar;
+    ``callback(chunk_index, latents)`` runs after every chunk. Returns host (numpy) latents.
     """
+    from jaxwm.memory import FullMemory  # pylint: disable=g-import-not-at-top
     if (num_frames - 1) % chunk_size:
       raise ValueError(f"num_frames={num_frames} must be 1 + k * chunk_size (chunk_size={chunk_size})")
-    if num_frames > self.max_frames:
-      raise ValueError(f"num_frames={num_frames} exceeds the cache capacity max_frames={self.max_frames}")
+    if memory is None:
+      if num_frames > self.max_frames:
+        raise ValueError(f"num_frames={num_frames} exceeds the cache capacity max_frames={self.max_frames}")
+      memory = FullMemory(self.max_frames)
+
     def frames(lo, hi):
       if cameras is None:
         return None
       return {"c2w": cameras["c2w"][:, lo:hi], "intrinsics": cameras["intrinsics"][:, lo:hi], "scale": scale}
 
     scale = None
+    host_cams = None
     if cameras is not None:
       validate_cameras(cameras["c2w"], cameras["intrinsics"])
       scale = cameras.get("scale", trajectory_scale(jnp.asarray(cameras["c2w"])))
+      host_cams = {k: np.asarray(cameras[k], np.float64)[0] for k in ("c2w", "intrinsics")}
       cameras = {k: jnp.asarray(cameras[k], jnp.float32) for k in ("c2w", "intrinsics")}
-    cache = self.start(first, frames(0, 1))
-    out = [first]
-    for c in range((num_frames - 1) // chunk_size):
+    book = _SlotBook(memory, self, host_cams)
+    cache = self.start(first, frames(0, 1), cache=KVCache.empty(self.cfg, self.rows, memory.capacity,
+                                                                self.tokens_per_frame, self.cfg.compute_dtype))
+    cache = book.after_commit(cache, [0])
+    out = [np.asarray(first)]
+    chunks = range((num_frames - 1) // chunk_size)
+    if progress:
+      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+      chunks = tqdm(chunks, desc=f"rollout ({memory.name} memory)", unit="chunk")
+    for c in chunks:
       lo = 1 + c * chunk_size
-      x, cache = self.generate(cache, jax.random.fold_in(key, c + 1), chunk_size, frames(lo, lo + chunk_size))
-      out.append(x)
-    return jnp.concatenate(out, axis=1)
+      new = list(range(lo, lo + chunk_size))
+      x, cache = self.generate(cache, jax.random.fold_in(key, c + 1), chunk_size, frames(lo, lo + chunk_size),
+                               start=book.num_resident,
+                               commit_before=lambda _, cache=cache, new=new: book.before_commit(cache, new))
+      cache = book.after_commit(cache, new)
+      out.append(np.asarray(x))
+      if callback is not None:
+        callback(c, out[-1])
+    return np.concatenate(out, axis=1)
+
+
+class _SlotBook:
+  """Host-side bookkeeping of a rollout under a memory policy: frame -> device slot, host copies
+  of banked frames that left the device, compact positions of the resident frames."""
+
+  def __init__(self, policy, sampler, host_cams):
+    self.policy, self.sampler, self.cams = policy, sampler, host_cams
+    self.slot_of, self.host = {}, {}
+    self.free = list(range(policy.capacity))
+    self.num_resident = 0
+
+  def _policy_update(self, new):
+    if self.cams is None:
+      c2w = np.broadcast_to(np.eye(4), (len(new), 4, 4))
+      intr = np.broadcast_to(np.eye(3), (len(new), 3, 3))
+    else:
+      c2w, intr = self.cams["c2w"][new], self.cams["intrinsics"][new]
+    self.policy.update(new, c2w, intr)
+
+  def before_commit(self, cache, new):
+    """Updates the policy with the chunk's frames, frees the slots of frames that leave (copying
+    banked ones to host first) and returns the slots the new frames are committed into."""
+    self._policy_update(new)
+    resident = set(self.policy.resident())
+    if not set(new) <= resident:
+      raise ValueError(f"memory policy {self.policy.name!r} must keep the newest chunk resident (frames {new})")
+    banked = self.policy.banked()
+    for f in sorted(set(self.slot_of) - resident):
+      slot = self.slot_of.pop(f)
+      if f in banked and f not in self.host:
+        self.host[f] = jax.device_get(_read_slot_jit(cache, slot, self.sampler.tokens_per_frame))
+      self.free.append(slot)
+    if len(self.free) < len(new):
+      raise ValueError(f"memory policy {self.policy.name!r} needs more than its capacity {self.policy.capacity}")
+    slots = [self.free.pop(0) for _ in new]
+    for f, slot in zip(new, slots):
+      self.slot_of[f] = slot
+    return jnp.asarray(slots, jnp.int32)
+
+  def after_commit(self, cache, new):
+    """Brings retrieved frames back from host, drops host copies no longer banked, sets validity
+    and compact positions (``0 .. h-1`` in source order)."""
+    if not self.slot_of:  # the conditioning frame(s): committed by ``start`` into slots 0..
+      self._policy_update(new)
+      for i, f in enumerate(new):
+        self.slot_of[f] = i
+        self.free.remove(i)
+    resident = self.policy.resident()
+    for f in resident:
+      if f not in self.slot_of:
+        slot = self.free.pop(0)
+        cache = _write_slot_jit(cache, slot, self.host[f], self.sampler.tokens_per_frame)
+        self.slot_of[f] = slot
+    banked = self.policy.banked()
+    self.host = {f: v for f, v in self.host.items() if f in banked}
+    slots = np.asarray([self.slot_of[f] for f in resident], np.int32)
+    valid = np.zeros(cache.valid.shape, bool)
+    valid[:, slots] = True
+    pos = np.zeros(cache.valid.shape, np.float32)
+    pos[:, slots] = np.arange(len(resident), dtype=np.float32)
+    self.num_resident = len(resident)
+    return cache.replace(valid=jnp.asarray(valid), frames=dict(cache.frames, pos=jnp.asarray(pos)))
+
+
+def _read_slot(cache, slot, n):
+  """One slot's per-token entries and per-frame data (to keep on host)."""
+  tok = {name: jax.lax.dynamic_slice_in_dim(buf, slot * n, n, axis=2) for name, buf in cache.entries().items()
+         if name not in WHOLE_ENTRIES}
+  fr = {name: jax.lax.dynamic_index_in_dim(buf, slot, axis=1, keepdims=False) for name, buf in cache.frames.items()}
+  return {"tokens": tok, "frames": fr}
+
+
+def _write_slot(cache, slot, data, n):
+  entries = {name: (jax.lax.dynamic_update_slice_in_dim(buf, jnp.asarray(data["tokens"][name], buf.dtype), slot * n,
+                                                         axis=2) if name in data["tokens"] else buf)
+             for name, buf in cache.entries().items()}
+  frames = {name: buf.at[:, slot].set(jnp.asarray(data["frames"][name], buf.dtype))
+            for name, buf in cache.frames.items()}
+  return cache.replace(k=entries.pop("k"), v=entries.pop("v"), aux=entries, frames=frames)
+
+
+_read_slot_jit = jax.jit(_read_slot, static_argnums=2)
+_write_slot_jit = jax.jit(_write_slot, static_argnums=3, donate_argnums=0)

@@ -22,6 +22,7 @@ from jaxwm.models.transformer import WanModel
 from jaxwm.training import checkpoint as ckpt_lib
 from jaxwm.training import data as data_lib
 from jaxwm.training import sharding as sh
+from jaxwm.training.augment import routing_pool
 from jaxwm.training.layout import make_layout
 from jaxwm.training.optim import learning_rate_schedule, make_optimizer
 from jaxwm.training.step import latent_shape, make_init_fn, make_loss_fn, make_train_step
@@ -50,7 +51,11 @@ class Trainer:
     if self.model_cfg.camera_conditioned and self.model_cfg.camera.vae_stride != config.data.latent_stride:
       raise ValueError(f"model.camera.vae_stride={self.model_cfg.camera.vae_stride} must equal "
                        f"data.latent_stride={config.data.latent_stride}")
-    init_fn = make_init_fn(self.model, self.tx, shape, config.optim.ema_decay, config.data.image_size)
+    hw = config.recipe.get("head_windows", {})
+    routing = None
+    if hw.get("enabled", False):
+      routing = routing_pool(config.seed, self.model_cfg.num_heads, hw.get("pool", 12), hw.get("global_fraction", 0.25))
+    init_fn = make_init_fn(self.model, self.tx, shape, config.optim.ema_decay, config.data.image_size, routing)
     with nn.logical_axis_rules(self.rules):
       abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
       param_sh = sh.param_shardings(abstract_boxed.params, self.mesh, self.rules)
@@ -102,7 +107,8 @@ def _state_shardings(abstract_state, param_sh, mesh):
   is_params = lambda x: jax.tree_util.tree_structure(x) == params_struct  # pylint: disable=unnecessary-lambda-assignment
   opt = jax.tree_util.tree_map(lambda x: param_sh if is_params(x) else rep, abstract_state.opt_state,
                                is_leaf=is_params)
-  return abstract_state.replace(step=rep, params=param_sh, opt_state=opt, ema=param_sh if abstract_state.ema else {})
+  return abstract_state.replace(step=rep, params=param_sh, opt_state=opt, ema=param_sh if abstract_state.ema else {},
+                                routing=rep)
 
 
 def _say(msg):

@@ -13,16 +13,19 @@ from jaxwm.diffusion import flow
 from jaxwm.encodings.camera import trajectory_scale
 from jaxwm.models import vae
 from jaxwm.models.loci import MemoryPlan
+from jaxwm.training import augment
 from jaxwm.training.optim import ema_update
 
 
 @flax.struct.dataclass
 class TrainState:
-  """``step`` (int32 scalar), ``params``, ``opt_state``, ``ema`` (a copy of params, or ``{}`` when off)."""
+  """``step`` (int32 scalar), ``params``, ``opt_state``, ``ema`` (a copy of params, or ``{}`` when off),
+  ``routing``: the head-routing pool ``[P, H]`` bool (``[0, H]`` when per-head windows are off)."""
   step: jax.Array
   params: Any
   opt_state: Any
   ema: Any
+  routing: Any = None
 
 
 def latent_shape(config, num_clean_plus_noisy):
@@ -38,8 +41,9 @@ def dummy_cameras(batch, frames, image_size):
           "intrinsics": jnp.broadcast_to(k, (batch, frames, 3, 3)), "scale": jnp.ones((batch,))}
 
 
-def make_init_fn(model, tx, shape, ema_decay, image_size):
-  """``key -> TrainState`` with boxed (logically partitioned) params; unbox after ``eval_shape``/``jit``."""
+def make_init_fn(model, tx, shape, ema_decay, image_size, routing=None):
+  """``key -> TrainState`` with boxed (logically partitioned) params; unbox after ``eval_shape``/``jit``.
+  ``routing``: the head-routing pool (``jaxwm.training.augment.routing_pool``) or None."""
 
   def init(key):
     s = shape[1]  # mask/local only matter for their shapes (frame-sparse models need them)
@@ -50,7 +54,8 @@ def make_init_fn(model, tx, shape, ema_decay, image_size):
     params = variables["params"]
     unboxed = nn.unbox(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(unboxed),
-                      ema=jax.tree_util.tree_map(jnp.copy, params) if ema_decay > 0 else {})
+                      ema=jax.tree_util.tree_map(jnp.copy, params) if ema_decay > 0 else {},
+                      routing=jnp.asarray(np.zeros((0, model.cfg.num_heads), bool) if routing is None else routing))
 
   return init
 
@@ -71,9 +76,22 @@ def make_loss_fn(model, layout, recipe, latent_stride):
   frame_pos = jnp.asarray(layout.frame_pos)[None]
   mask = jnp.asarray(layout.mask)[None]
   local = jnp.asarray(layout.local)[None]
+  drop = recipe.get("chunk_drop", {})
+  windows = recipe.get("head_windows", {})
   plan = MemoryPlan.make(layout.chunk, layout.writer) if model.cfg.loci.enabled else None
 
-  def loss_fn(params, batch, key):
+  def step_mask(key, step, routing):
+    """The layout mask with this step's chunk drop and per-head windows (ReWorld §2.2-2.3)."""
+    m = mask[0]
+    if drop.get("enabled", False):
+      m = augment.chunk_drop_mask(jax.random.fold_in(key, 2), m, layout.chunk, drop.get("keep", 5),
+                                  layout.chunk[layout.writer])
+    if windows.get("enabled", False):
+      heads = routing[step % routing.shape[0]]
+      m = augment.head_window_mask(m, layout.frame_pos, layout.frame_pos, heads, windows.get("window", 12))
+    return m[None]
+
+  def loss_fn(params, batch, key, step=0, routing=None):
     lat = vae.encode(batch["frames"], latent_stride)
     b = lat.shape[0]
     clean, x0 = lat[:, clean_idx], lat[:, noisy_idx]
@@ -87,7 +105,8 @@ def make_loss_fn(model, layout, recipe, latent_stride):
     pos = jnp.broadcast_to(frame_pos, (b, frame_pos.shape[1]))
     cameras = {"c2w": batch["c2w"][:, seq_frames], "intrinsics": batch["intrinsics"][:, seq_frames],
                "scale": trajectory_scale(batch["c2w"])}
-    v, _ = model.apply({"params": params}, seq, ts, frame_pos=pos, mask=mask, cameras=cameras, local=local,
+    v, _ = model.apply({"params": params}, seq, ts, frame_pos=pos, mask=step_mask(key, step, routing), cameras=cameras,
+                       local=local,
                        rngs={"frame_select": k_sel}, memory_plan=plan)
     return jnp.mean(jnp.square(v[:, n_clean:] - flow.velocity_target(x0, eps)))
 
@@ -99,7 +118,7 @@ def make_train_step(loss_fn, tx, schedule, ema_decay):
 
   def train_step(state, batch, base_key):
     key = jax.random.fold_in(base_key, state.step)
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, key)
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, key, state.step, state.routing)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     ema = ema_update(state.ema, params, ema_decay) if ema_decay > 0 else state.ema

@@ -1,0 +1,104 @@
+"""ReWorld's landmark memory (ReWorld §2.3, Eq. 3; DESIGN §8), at chunk granularity.
+
+The cache holds the sink chunk, the ``recent`` latest chunks and ``retrieved`` landmarks. A
+chunk leaving the recent window enters the bank if the camera has travelled at least
+``stride`` median step lengths since the last admitted landmark (an odometer: never "is it
+already banked", so a revisit pass is stored like the first visit). Past ``bank_size``
+members, the member whose nearest neighbour is closest is evicted (ties: the newer); the first
+``protected`` members are never evicted. After every chunk the ``retrieved`` members nearest
+the current pose are the working set. A chunk's pose: rotation of its first frame, mean
+translation of its frames; distances add ``rotation_weight`` times the rotation angle, so
+rotation-only loops are indexed too. The bank's keys/values live in host memory; only the
+working set is on device (the sampler moves them).
+"""
+
+import numpy as np
+
+from jaxwm.memory.policy import MemoryPolicy, pose_distance
+
+
+class LandmarkMemory(MemoryPolicy):
+  """Args:
+    chunk_frames: frames per generated chunk (device slots are counted in frames).
+    recent, retrieved, bank_size: ReWorld's 5, 6, 30.
+    stride: admission stride, in median step lengths.
+    rotation_weight: metres (scene units) per radian in pose distances.
+    protected: bank members never evicted (the first admitted).
+  """
+
+  name = "landmark"
+
+  def __init__(self, chunk_frames, recent=5, retrieved=6, bank_size=30, stride=4.0, rotation_weight=1.0,
+               protected=2):
+    self.chunk_frames, self.recent_n, self.retrieved_n = chunk_frames, recent, retrieved
+    self.bank_size, self.stride, self.rotation_weight, self.protected = bank_size, stride, rotation_weight, protected
+    self.capacity = (1 + recent + retrieved) * chunk_frames
+    self.chunks = []  # dicts: frames, t, r, odo
+    self.sink = None
+    self.recent = []  # chunk ids
+    self.bank = []  # chunk ids, in admission order
+    self.retrieved = []
+    self.last_landmark = None
+    self._steps = []
+    self._last_pose = None
+    self._odometer = 0.0
+
+  def _distance(self, a, b):
+    ca, cb = self.chunks[a], self.chunks[b]
+    return float(pose_distance(ca["t"], ca["r"], cb["t"], cb["r"], self.rotation_weight))
+
+  def update(self, frames, c2w, intrinsics):
+    c2w = np.asarray(c2w, np.float64)
+    odo_first = None
+    for pose in c2w:
+      if self._last_pose is not None:
+        step = float(pose_distance(pose[:3, 3], pose[:3, :3], self._last_pose[:3, 3], self._last_pose[:3, :3],
+                                   self.rotation_weight))
+        self._steps.append(step)
+        self._odometer += step
+      odo_first = self._odometer if odo_first is None else odo_first
+      self._last_pose = pose
+    cid = len(self.chunks)
+    self.chunks.append({"frames": [int(f) for f in frames], "t": c2w[:, :3, 3].mean(0), "r": c2w[0, :3, :3],
+                        "odo": odo_first})
+    if self.sink is None:
+      self.sink = cid
+    else:
+      self.recent.append(cid)
+      while len(self.recent) > self.recent_n:
+        self._consider(self.recent.pop(0))
+    self.retrieved = self._retrieve(cid)
+
+  def _consider(self, cid):
+    """Odometer admission of a chunk leaving the recent window, then eviction."""
+    median = float(np.median(self._steps)) if self._steps else 0.0
+    if self.last_landmark is not None:
+      travelled = self.chunks[cid]["odo"] - self.chunks[self.last_landmark]["odo"]
+      if travelled < self.stride * median or travelled <= 0.0:
+        return
+    self.bank.append(cid)
+    self.last_landmark = cid
+    if len(self.bank) > self.bank_size:
+      self.bank.remove(self._most_redundant())
+
+  def _most_redundant(self):
+    """The evictable member whose nearest neighbour is closest (ties: the newer)."""
+    best, best_d = None, np.inf
+    for i, cid in enumerate(self.bank):
+      if i < self.protected:
+        continue
+      d = min(self._distance(cid, o) for o in self.bank if o != cid)
+      if d <= best_d:  # later members win ties
+        best, best_d = cid, d
+    return best
+
+  def _retrieve(self, current):
+    dist = [(self._distance(current, cid), i, cid) for i, cid in enumerate(self.bank)]
+    return [cid for _, _, cid in sorted(dist)[:self.retrieved_n]]
+
+  def resident(self):
+    ids = ([self.sink] if self.sink is not None else []) + sorted(self.retrieved) + self.recent
+    return sorted(f for cid in ids for f in self.chunks[cid]["frames"])
+
+  def banked(self):
+    return {f for cid in self.bank for f in self.chunks[cid]["frames"]}
