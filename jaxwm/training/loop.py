@@ -108,7 +108,7 @@ def _state_shardings(abstract_state, param_sh, mesh):
   opt = jax.tree_util.tree_map(lambda x: param_sh if is_params(x) else rep, abstract_state.opt_state,
                                is_leaf=is_params)
   return abstract_state.replace(step=rep, params=param_sh, opt_state=opt, ema=param_sh if abstract_state.ema else {},
-                                routing=rep)
+                                routing={} if isinstance(abstract_state.routing, dict) else rep)
 
 
 def _say(msg):

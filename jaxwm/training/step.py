@@ -20,7 +20,7 @@ from jaxwm.training.optim import ema_update
 @flax.struct.dataclass
 class TrainState:
   """``step`` (int32 scalar), ``params``, ``opt_state``, ``ema`` (a copy of params, or ``{}`` when off),
-  ``routing``: the head-routing pool ``[P, H]`` bool (``[0, H]`` when per-head windows are off)."""
+  ``routing``: the head-routing pool ``[P, H]`` bool (``{}`` when per-head windows are off)."""
   step: jax.Array
   params: Any
   opt_state: Any
@@ -55,7 +55,7 @@ def make_init_fn(model, tx, shape, ema_decay, image_size, routing=None):
     unboxed = nn.unbox(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(unboxed),
                       ema=jax.tree_util.tree_map(jnp.copy, params) if ema_decay > 0 else {},
-                      routing=jnp.asarray(np.zeros((0, model.cfg.num_heads), bool) if routing is None else routing))
+                      routing={} if routing is None else jnp.asarray(routing))
 
   return init
 
