@@ -10,7 +10,9 @@ after chunk 20, after chunk 200 and at the end (no growth once a bounded memory 
 """
 
 import argparse
+import pathlib
 import resource
+import sys
 import time
 
 import flax.linen as nn
@@ -18,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import tiny
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root, for configs/
+from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jaxwm.data.procedural.clips import pinhole_intrinsics
 from jaxwm.geometry.rotations import rotation_about_axis
 from jaxwm.memory import make_policy

@@ -52,7 +52,7 @@ def test_landmark_straight_line_by_hand():
 def test_landmark_out_and_back_retrieves_the_first_visit():
   xs = np.concatenate([np.arange(0.0, 24.0), np.arange(24.0, -1.0, -1.0)])  # out 24 units and back
   p = _feed(LandmarkMemory(2, recent=2, retrieved=2, bank_size=30, stride=4.0), _poses(xs), 2)
-  last = p.chunks[-1]["t"][0]
+  last = p.chunks[p.recent[-1]]["t"][0]
   assert last < 1.5
   # The return pass is admitted like the outbound one (an odometer, not "already banked").
   outbound = [c for c in p.bank if p.chunks[c]["frames"][0] < 24]

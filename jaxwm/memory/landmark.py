@@ -33,7 +33,8 @@ class LandmarkMemory(MemoryPolicy):
     self.chunk_frames, self.recent_n, self.retrieved_n = chunk_frames, recent, retrieved
     self.bank_size, self.stride, self.rotation_weight, self.protected = bank_size, stride, rotation_weight, protected
     self.capacity = (1 + recent + retrieved) * chunk_frames
-    self.chunks = []  # dicts: frames, t, r, odo
+    self.chunks = {}  # chunk id -> frames, t, r, odo (only chunks that may still be attended)
+    self._next_id = 0
     self.sink = None
     self.recent = []  # chunk ids
     self.bank = []  # chunk ids, in admission order
@@ -43,9 +44,8 @@ class LandmarkMemory(MemoryPolicy):
     self._last_pose = None
     self._odometer = 0.0
 
-  def _distance(self, a, b):
-    ca, cb = self.chunks[a], self.chunks[b]
-    return float(pose_distance(ca["t"], ca["r"], cb["t"], cb["r"], self.rotation_weight))
+  def _median_step(self):
+    return float(np.median(self._steps)) if self._steps else 0.0
 
   def update(self, frames, c2w, intrinsics):
     c2w = np.asarray(c2w, np.float64)
@@ -58,9 +58,10 @@ class LandmarkMemory(MemoryPolicy):
         self._odometer += step
       odo_first = self._odometer if odo_first is None else odo_first
       self._last_pose = pose
-    cid = len(self.chunks)
-    self.chunks.append({"frames": [int(f) for f in frames], "t": c2w[:, :3, 3].mean(0), "r": c2w[0, :3, :3],
-                        "odo": odo_first})
+    cid = self._next_id
+    self._next_id += 1
+    self.chunks[cid] = {"frames": [int(f) for f in frames], "t": c2w[:, :3, 3].mean(0), "r": c2w[0, :3, :3],
+                        "odo": odo_first}
     if self.sink is None:
       self.sink = cid
     else:
@@ -68,10 +69,11 @@ class LandmarkMemory(MemoryPolicy):
       while len(self.recent) > self.recent_n:
         self._consider(self.recent.pop(0))
     self.retrieved = self._retrieve(cid)
+    self._forget()
 
   def _consider(self, cid):
     """Odometer admission of a chunk leaving the recent window, then eviction."""
-    median = float(np.median(self._steps)) if self._steps else 0.0
+    median = self._median_step()
     if self.last_landmark is not None:
       travelled = self.chunks[cid]["odo"] - self.chunks[self.last_landmark]["odo"]
       if travelled < self.stride * median or travelled <= 0.0:
@@ -81,20 +83,32 @@ class LandmarkMemory(MemoryPolicy):
     if len(self.bank) > self.bank_size:
       self.bank.remove(self._most_redundant())
 
+  def _pairwise(self, ids_a, ids_b):
+    """Pose distances ``[len(a), len(b)]`` between chunks (one vectorised call)."""
+    t = lambda ids: np.stack([self.chunks[c]["t"] for c in ids])
+    r = lambda ids: np.stack([self.chunks[c]["r"] for c in ids])
+    return pose_distance(t(ids_a)[:, None], r(ids_a)[:, None], t(ids_b)[None], r(ids_b)[None], self.rotation_weight)
+
   def _most_redundant(self):
     """The evictable member whose nearest neighbour is closest (ties: the newer)."""
-    best, best_d = None, np.inf
-    for i, cid in enumerate(self.bank):
-      if i < self.protected:
-        continue
-      d = min(self._distance(cid, o) for o in self.bank if o != cid)
-      if d <= best_d:  # later members win ties
-        best, best_d = cid, d
-    return best
+    d = self._pairwise(self.bank, self.bank)
+    np.fill_diagonal(d, np.inf)
+    nearest = d.min(axis=1)[self.protected:]
+    ties = np.flatnonzero(nearest == nearest.min())
+    return self.bank[self.protected + int(ties[-1])]
 
   def _retrieve(self, current):
-    dist = [(self._distance(current, cid), i, cid) for i, cid in enumerate(self.bank)]
-    return [cid for _, _, cid in sorted(dist)[:self.retrieved_n]]
+    if not self.bank:
+      return []
+    d = self._pairwise([current], self.bank)[0]
+    order = np.lexsort((np.arange(len(self.bank)), d))  # nearest first, earlier members first on ties
+    return [self.bank[i] for i in order[:self.retrieved_n]]
+
+  def _forget(self):
+    """Drops chunks that can never be attended again (not sink, recent or banked)."""
+    live = set(self.bank) | set(self.recent) | {self.sink, self.last_landmark}
+    for cid in [c for c in self.chunks if c not in live]:
+      del self.chunks[cid]
 
   def resident(self):
     ids = ([self.sink] if self.sink is not None else []) + sorted(self.retrieved) + self.recent

@@ -58,6 +58,8 @@ class PanoramaMemory(MemoryPolicy):
       self.recent.append(f)
       while len(self.recent) > self.recent_n:
         self._consider(self.recent.pop(0))
+    live = set(self.resident())
+    self.info = {f: v for f, v in self.info.items() if f in live}  # the rest can never come back
 
   def cov(self, f, others):
     center, mask = self.info[f]
