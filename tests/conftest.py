@@ -5,7 +5,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-  os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+  _flags += " --xla_force_host_platform_device_count=8"
+if "xla_backend_optimization_level" not in _flags:  # tiny programs: compile fast (~30% less), run a bit slower
+  _flags += " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import sys  # noqa: E402

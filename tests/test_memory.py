@@ -2,6 +2,8 @@
 trajectories, panorama coverage against brute-force counting and its rules, and every policy
 equal to the full cache while the history fits; bounded rollouts compile once."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -130,6 +132,10 @@ def test_panorama_admission_and_tie_rule():
 
 # --- rollouts ---------------------------------------------------------------------------------------------
 
+SLOTS = 10  # one device buffer for every rollout of these tests: one compile
+
+
+@functools.lru_cache(maxsize=None)
 def _sampler(max_frames):
   from jaxwm.models.config import CameraConfig, ModelConfig  # pylint: disable=g-import-not-at-top
   from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
@@ -154,30 +160,34 @@ def trajectory():
 
 
 def test_every_policy_equals_the_full_cache_while_the_history_fits(trajectory):
-  sampler = _sampler(9)
+  sampler = _sampler(SLOTS)
   first = jax.random.normal(jax.random.key(1), (1, 1, 4, 4, 12))
   full = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory)
-  policies = {"window": WindowMemory(sink=1, window=8), "landmark": LandmarkMemory(2, recent=4),
-              "panorama": PanoramaMemory((16, 16), recent=8)}
+  policies = {"window": WindowMemory(sink=1, window=8), "landmark": LandmarkMemory(2, recent=3, retrieved=1),
+              "panorama": PanoramaMemory((16, 16), bank_size=1, recent=8)}
   for name, policy in policies.items():
-    out = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=policy)
+    out = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=policy, slots=SLOTS)
     np.testing.assert_allclose(out, full, atol=1e-5, rtol=1e-5, err_msg=name)
 
 
 def test_bounded_rollouts_compile_once_and_forget(trajectory):
   from jaxwm.sampling import streaming  # pylint: disable=g-import-not-at-top
-  sampler = _sampler(9)
+  sampler = _sampler(SLOTS)
   first = jax.random.normal(jax.random.key(1), (1, 1, 4, 4, 12))
   full = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory)
   policy = make_policy("window", max_frames=9, chunk_frames=2, image_hw=(16, 16), sink=1, window=2)
   before = streaming._denoise_jit._cache_size()  # pylint: disable=protected-access
-  out = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=policy)
-  assert streaming._denoise_jit._cache_size() - before == 1  # one shape of cache: one compile for all chunks
+  out = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=policy, slots=SLOTS)
+  assert streaming._denoise_jit._cache_size() == before  # the same buffer: no compile for any chunk
   np.testing.assert_allclose(out[:, :5], full[:, :5], atol=1e-5)  # frames 1-4 saw the whole (3-frame) history
   assert float(np.abs(out[:, 5:] - full[:, 5:]).max()) > 1e-4  # later chunks lost frames 1-2
   assert policy.resident() == [0, 7, 8]
   lm = LandmarkMemory(2, recent=1, retrieved=1, bank_size=2, stride=0.5)
-  out = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=lm)
+  out = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=lm, slots=SLOTS)
+  small = WindowMemory(sink=1, window=2)
+  before = streaming._denoise_jit._cache_size()  # pylint: disable=protected-access
+  sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=small)  # its own 3-slot buffer
+  assert streaming._denoise_jit._cache_size() - before == 1  # one shape of cache: one compile for all chunks
   assert np.all(np.isfinite(out)) and lm.bank  # banked chunks went to host and came back when retrieved
   with pytest.raises(ValueError, match="memory policy must be one of"):
     make_policy("lru", max_frames=9, chunk_frames=2, image_hw=(16, 16))

@@ -243,7 +243,8 @@ class StreamingSampler:
                         jax.random.fold_in(key, 2) if sparse else None, slots)
     return x[:self.batch_size], cache
 
-  def rollout(self, first, num_frames, chunk_size, key, cameras=None, memory=None, progress=False, callback=None):
+  def rollout(self, first, num_frames, chunk_size, key, cameras=None, memory=None, progress=False, callback=None,
+              slots=None):
     """``first [B, 1, h, w, C]`` -> ``[B, num_frames, h, w, C]`` (frame 0 is ``first``), chunk by chunk.
 
     ``num_frames = 1 + k * chunk_size``; chunk ``c`` uses noise key ``fold_in(key, c)``.
@@ -252,7 +253,9 @@ class StreamingSampler:
     ``memory``: a :class:`jaxwm.memory.MemoryPolicy` (default: the full cache, ``max_frames``
     slots); its policy decides which frames stay, in ``memory.capacity`` device slots, at compact
     positions. Its decisions use the first batch row's cameras. ``progress``: a tqdm bar;
-    ``callback(chunk_index, latents)`` runs after every chunk. Returns host (numpy) latents.
+    ``callback(chunk_index, latents)`` runs after every chunk. ``slots``: device frame slots
+    (default ``memory.capacity``; a larger fixed buffer lets policies of different capacities
+    share one compiled step). Returns host (numpy) latents.
     """
     from jaxwm.memory import FullMemory  # pylint: disable=g-import-not-at-top
     if (num_frames - 1) % chunk_size:
@@ -274,9 +277,12 @@ class StreamingSampler:
       scale = cameras.get("scale", trajectory_scale(jnp.asarray(cameras["c2w"])))
       host_cams = {k: np.asarray(cameras[k], np.float64)[0] for k in ("c2w", "intrinsics")}
       cameras = {k: jnp.asarray(cameras[k], jnp.float32) for k in ("c2w", "intrinsics")}
-    book = _SlotBook(memory, self, host_cams)
-    cache = self.start(first, frames(0, 1), cache=KVCache.empty(self.cfg, self.rows, memory.capacity,
-                                                                self.tokens_per_frame, self.cfg.compute_dtype))
+    slots = memory.capacity if slots is None else slots
+    if slots < memory.capacity:
+      raise ValueError(f"slots={slots} is below the memory policy's capacity {memory.capacity}")
+    book = _SlotBook(memory, self, host_cams, slots)
+    cache = self.start(first, frames(0, 1), cache=KVCache.empty(self.cfg, self.rows, slots, self.tokens_per_frame,
+                                                                self.cfg.compute_dtype))
     cache = book.after_commit(cache, [0])
     out = [np.asarray(first)]
     chunks = range((num_frames - 1) // chunk_size)
@@ -300,10 +306,10 @@ class _SlotBook:
   """Host-side bookkeeping of a rollout under a memory policy: frame -> device slot, host copies
   of banked frames that left the device, compact positions of the resident frames."""
 
-  def __init__(self, policy, sampler, host_cams):
+  def __init__(self, policy, sampler, host_cams, slots):
     self.policy, self.sampler, self.cams = policy, sampler, host_cams
     self.slot_of, self.host = {}, {}
-    self.free = list(range(policy.capacity))
+    self.free = list(range(slots))
     self.num_resident = 0
 
   def _policy_update(self, new):
