@@ -108,3 +108,18 @@ def test_se3_pose_downsampling_across_a_mirror_point():
   np.testing.assert_allclose(mean[:3, :3], np.eye(3), atol=1e-9)  # the geodesic midpoint
   np.testing.assert_allclose(mean[:3, 3], [2.0, 0.0, 0.0])
   assert abs(np.linalg.det(c2w[:, :3, :3].mean(0))) < 0.1  # the arithmetic mean is nearly singular
+
+
+def test_checkpoints_from_before_head_routing_still_restore(tmp_path):
+  from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
+  tr = Trainer(tiny_config(), tmp_path, mesh=sh.make_mesh(1, 1, jax.devices()[:1]))
+  state = tr.init_state()
+  ck = tr.checkpointer()
+  ck.save(1, {k: getattr(state, k) for k in ("step", "params", "opt_state", "ema")})  # the old layout
+  ck.wait()
+  restored, step = ck.restore(tr.restore_target())
+  ck.close()
+  assert step == 1 and restored.routing == {}
+  for a, b in zip(jax.tree_util.tree_leaves(restored.params), jax.tree_util.tree_leaves(state.params)):
+    np.testing.assert_array_equal(a, b)

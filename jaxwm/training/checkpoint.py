@@ -51,7 +51,17 @@ class Checkpointer:
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
       items["data"] = grain.PyGrainCheckpointRestore(data_iterator)
-    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    except ValueError as e:
+      # Checkpoints written before TrainState.routing existed: restore the other fields, routing stays {}.
+      if "routing" not in str(e) or getattr(abstract_state, "routing", None) != {}:
+        raise
+      legacy = {k: getattr(abstract_state, k) for k in ("step", "params", "opt_state", "ema")}
+      items["state"] = ocp.args.StandardRestore(legacy)
+      restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+      logging.info("restored a checkpoint without head-routing state (written before it existed)")
+      return abstract_state.replace(**restored["state"]), step
     return restored["state"], step
 
   def restore_config(self, step=None):
