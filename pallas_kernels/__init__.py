@@ -1,5 +1,9 @@
 """Pallas kernels for TPU and GPU, one folder per operator, each sharing the signature of its
 pure-``jnp`` reference in ``jaxwm/ops`` and chosen by ``impl=`` (never a silent fallback).
 
-No kernel has landed yet: frame-sparse attention and the chunked delta rule come with their issues.
+- ``frame_sparse_attention/``: ViewRope's gathered frame-sparse attention (``jaxwm.ops.frame_sparse``).
+- ``delta_rule/``: the chunked gated delta rule (``jaxwm.ops.delta_rule``).
+
+Each has a TPU (Mosaic) and a GPU (Triton) kernel with forward and backward passes in a
+``custom_vjp``; ``interpret=True`` runs them on CPU (how the tests check them).
 """
