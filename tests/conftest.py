@@ -87,6 +87,21 @@ def tiny_config(**overrides):
   return c
 
 
+def train_steps(config, workdir, steps=3):
+  """``steps`` train steps of ``config`` on one fixed batch (1-device mesh): ``(trainer, state, losses)``."""
+  from jaxwm.training import sharding  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
+  tr = Trainer(config, workdir, mesh=sharding.make_mesh(1, 1, jax.devices()[:1]))
+  state = tr.init_state()
+  batch = tr.put_batch(next(iter(tr.make_loader())))
+  losses = []
+  with jax.set_mesh(tr.mesh):
+    for _ in range(steps):
+      state, m = tr.train_step(state, batch, jax.random.key(0))
+      losses.append(float(m["loss"]))
+  return tr, state, losses
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
   """A workdir with a 2-step checkpoint of :func:`tiny_config` (one per test worker)."""

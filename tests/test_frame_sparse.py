@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import tiny_config, train_steps
 from jaxwm.diffusion import flow
 from jaxwm.evaluation.selection_plot import save_selection_maps
 from jaxwm.models.config import AttentionConfig, CameraConfig, ModelConfig
@@ -211,19 +211,10 @@ def test_streaming_equals_training_layout_when_sparse(sparsity):
 
 
 def test_tiny_model_trains_and_streams_with_frame_topk(tmp_path):
-  from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
   c = tiny_config()
   c.data.update(num_frames=7, clip_frames=13)
   c.model.attention.update(sparsity="frame_topk", top_k=1, num_samples=4)
-  tr = Trainer(c, tmp_path, mesh=sh.make_mesh(1, 1, jax.devices()[:1]))
-  state = tr.init_state()
-  batch = tr.put_batch(next(iter(tr.make_loader())))
-  losses = []
-  with jax.set_mesh(tr.mesh):
-    for _ in range(3):
-      state, m = tr.train_step(state, batch, jax.random.key(0))
-      losses.append(float(m["loss"]))
+  tr, state, losses = train_steps(c, tmp_path)
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
   lat = 16 // c.data.latent_stride
   sampler = StreamingSampler(tr.model, {"params": state.params}, batch_size=1, max_frames=7, latent_hw=(lat, lat),

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import random_poses, tiny_config
+from conftest import random_poses, tiny_config, train_steps
 from jaxwm.diffusion import flow
 from jaxwm.models.config import CameraConfig, LociConfig, ModelConfig
 from jaxwm.models.loci import MemoryPlan
@@ -176,19 +176,10 @@ def test_streaming_equals_training_layout_and_denoising_keeps_the_state(data, tm
 
 @pytest.mark.parametrize("layout", ["diffusion_forcing"])  # teacher forcing: the streaming test above
 def test_tiny_hybrid_model_trains(layout, tmp_path):
-  from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
   c = tiny_config()
   c.model.loci.update(enabled=True, blocks=(1,), chunk_size=16)
   c.recipe.layout = layout
-  tr = Trainer(c, tmp_path, mesh=sh.make_mesh(1, 1, jax.devices()[:1]))
-  state = tr.init_state()
-  batch = tr.put_batch(next(iter(tr.make_loader())))
-  losses = []
-  with jax.set_mesh(tr.mesh):
-    for _ in range(3):
-      state, m = tr.train_step(state, batch, jax.random.key(0))
-      losses.append(float(m["loss"]))
+  _, state, losses = train_steps(c, tmp_path)
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
   assert float(jnp.abs(state.params["blocks"]["mem_gate"]).max()) > 0  # the gate learns
 
