@@ -46,11 +46,12 @@ def _check_cli(argv):
       path = a.split("=", 1)[1]
     elif a == "--config" and i + 1 < len(argv):
       path = argv[i + 1]
+  path, _, arg = path.partition(":")  # ml-collections' `file.py:arg`
   spec = importlib.util.spec_from_file_location("_cfg", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   try:
-    check_overrides(argv, mod.get_config())
+    check_overrides(argv, mod.get_config(arg) if arg else mod.get_config())
   except ValueError as e:
     sys.exit(f"train.py: {e}")
 

@@ -49,6 +49,6 @@ def get_config():
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
       num_steps=900, log_every=10, ckpt_every=300, keep=3, async_checkpoint=True, sample_every=450,
-      workdir="runs/tiny", distributed=False))
+      workdir="runs/tiny", distributed=False, init_from=""))  # init_from: an earlier stage's workdir
   c.sample = ml_collections.ConfigDict(dict(num_steps=10, shift=3.0, guidance=1.0))
   return c

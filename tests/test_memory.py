@@ -65,6 +65,20 @@ def test_landmark_out_and_back_retrieves_the_first_visit():
   assert p.retrieved == [1, 3]
 
 
+def test_landmark_look_ahead_retrieves_by_the_next_chunk():
+  # Out to x = 6, a pause, then a jump back. After chunk 4 (frames 7, 8 at x = 6) the current pose is
+  # nearest chunk 3 (x = 5.5); the next chunk (frames 9, 10 at x = 1, 0) is nearest chunk 1 (x = 1.5).
+  poses = _poses(np.asarray([0.0, 1, 2, 3, 4, 5, 6, 6, 6, 1, 0]))
+  for by, want in (("current", [3]), ("next", [1])):
+    p = _feed(LandmarkMemory(2, recent=1, retrieved=1, stride=0.5, retrieve_by=by), poses[:9], 2)
+    assert p.bank == [1, 2, 3]
+    p.look_ahead(poses[9:11])
+    assert p.retrieved == want, by
+    assert set(p.chunks[want[0]]["frames"]) <= set(p.resident())
+  with pytest.raises(ValueError, match="retrieve_by"):
+    LandmarkMemory(2, retrieve_by="future")
+
+
 def test_landmark_rotation_only_loop_uses_the_angle():
   yaws = np.concatenate([np.arange(0, 180, 10), np.arange(180, -10, -10)])  # turn 180 degrees and back
   p = _feed(LandmarkMemory(2, recent=2, retrieved=1, bank_size=30, stride=3.0, rotation_weight=1.0),

@@ -1,46 +1,84 @@
-"""Loop-closure benchmark (ViewRope §4, App. C): stream the procedural eval loops and score the
-return view.
+"""Loop-closure benchmark (ViewRope §4, App. C; ReWorld §4.3; LOCI App. B): stream procedural eval
+clips from their first frame and trajectory and score what comes back.
 
   python -m jaxwm.evaluation.loop_closure --checkpoint runs/tiny [--clips 35] [--lpips lpips_alex.npz]
-      [--memory window] [--selection exclude_selected --top-k 2] [--out results/loop_closure]
+      [--family loops|palindrome] [--memory full,window,landmark] [--selection topk,random,exclude_selected]
+      [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--out results/loop_closure]
 
-Every clip of the eval split (rotate away and back by 30/45/75/90/180 degrees about the 7 axis
-combinations) is streamed from its first frame and trajectory. Reported per magnitude and per
-axis: PSNR / SSIM (and LPIPS with weights) of all frames against the ground truth, and the
-loop-closure error at the return pose (the generated return frame against the given first
-frame). Frame-sparse models can be run with counterfactual selections (``--selection``,
-``--top-k``). Writes ``<out>.json`` (per clip) and ``<out>.md`` (tables).
+``loops``: the 35 rotate-away-and-back clips (30/45/75/90/180 degrees about the 7 axis
+combinations). Per magnitude and axis: PSNR / SSIM (LPIPS with weights) of all frames against
+the ground truth, and the loop-closure error at the return pose (the generated return frame
+against the given first frame, ViewRope App. C.5). ``--probe`` adds the share of the return
+frame's history attention on co-visible keys (from ground-truth depth) against its chance level.
+
+``palindrome``: out-and-back free paths; revisit pairs (ReWorld §4.3) are the mirror pairs
+``(t, r - t)`` anchored in the first fifth of the clip with a gap of at least half of it. Both
+frames are generated (``t = 0`` is the given frame); ``needle_*`` columns keep the pairs whose
+needle ``t >= 1`` was generated, with ``needle_resident`` the share of them still in the memory
+when the mirror frame was generated.
+
+Comma-separated ``--memory``, ``--selection`` and ``--top-k`` run every combination (selection and
+top-k need a frame-sparse model). Writes ``<out>.json`` (per clip), ``<out>.md`` (tables) and with
+``--figures`` ``<out>_*.png`` (metric against magnitude per setting; attention and selection maps).
 """
 
 import argparse
 import collections
 import dataclasses
+import itertools
 import json
 import pathlib
 import sys
 
 import numpy as np
 
+LOOP_COLS = ("psnr", "ssim", "lpips", "return_psnr", "return_ssim", "return_lpips", "covis_mass", "covis_chance")
+PALINDROME_COLS = ("psnr", "ssim", "lpips", "revisit_psnr", "revisit_ssim", "revisit_lpips", "needle_ssim",
+                   "needle_resident")
 
-def _table(rows, key, cols):
+
+def mean_ci(xs):
+  """``(mean, 95% half-width)`` of a sample (normal approximation)."""
+  xs = np.asarray([x for x in xs if x is not None and np.isfinite(x)], float)
+  if not xs.size:
+    return float("nan"), float("nan")
+  return float(xs.mean()), float(1.96 * xs.std(ddof=1) / np.sqrt(xs.size)) if xs.size > 1 else float("nan")
+
+
+def table(rows, key, cols):
+  """Markdown table of ``cols`` (mean ± 95% interval over rows) grouped by ``rows[i][key]``."""
   groups = collections.defaultdict(list)
   for r in rows:
     groups[r[key]].append(r)
+  cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
   lines = [f"| {key} | clips | " + " | ".join(cols) + " |", "|" + " --- |" * (len(cols) + 2)]
-  for g in sorted(groups, key=str):
+  for g in sorted(groups, key=lambda v: (isinstance(v, str), v)):
     vals = []
     for c in cols:
-      xs = [r[c] for r in groups[g] if r.get(c) is not None]
-      vals.append(f"{np.mean(xs):.3f} ± {1.96 * np.std(xs) / max(len(xs), 1) ** 0.5:.3f}" if xs else "-")
+      m, e = mean_ci(r.get(c) for r in groups[g])
+      vals.append("-" if not np.isfinite(m) else f"{m:.3f} ± {e:.3f}" if np.isfinite(e) else f"{m:.3f}")
     lines.append(f"| {g} | {len(groups[g])} | " + " | ".join(vals) + " |")
   return "\n".join(lines)
 
 
-def evaluate(config, model, variables, *, clips=35, memory="full", lpips_params=None, seed=0, steps=None):
-  """Streams the eval loops; returns one dict of metrics per clip."""
+def revisit_pairs(return_frame, max_pairs=5):
+  """Mirror pairs ``(t, r - t)`` of a palindrome returning at ``r`` (ReWorld §4.3): ``t`` in the first
+  fifth of the ``r + 1`` frames, gap ``r - 2t >= (r + 1) / 2``, at most ``max_pairs``."""
+  k = return_frame + 1
+  return [(t, return_frame - t) for t in range(k) if t < k / 5 and return_frame - 2 * t >= k / 2][:max_pairs]
+
+
+def evaluate(config, model, variables, *, clips=35, family="loops", memory="full", memory_kwargs=None,
+             lpips_params=None, seed=0, steps=None, num_frames=None, frame_stride=None, probe=False):
+  """Streams ``clips`` eval clips of ``family`` (``loops`` or ``palindrome``); returns one dict per clip.
+
+  ``num_frames`` / ``frame_stride`` default to the training config's. ``probe`` (loops only) adds
+  the co-visible attention statistics of the return frame (:mod:`jaxwm.evaluation.attention_probe`).
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jaxwm.data.procedural import ProceduralClips  # pylint: disable=g-import-not-at-top
+  from jaxwm.evaluation import attention_probe  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation import lpips as lp  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation.metrics import psnr, ssim  # pylint: disable=g-import-not-at-top
   from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
@@ -48,15 +86,19 @@ def evaluate(config, model, variables, *, clips=35, memory="full", lpips_params=
   from jaxwm.sampling import StreamingSampler  # pylint: disable=g-import-not-at-top
   from jaxwm.training.data import ClipWindow  # pylint: disable=g-import-not-at-top
 
+  if family not in ("loops", "palindrome"):
+    raise ValueError(f"family must be 'loops' or 'palindrome'; got {family!r}")
   d = config.data
-  frames_n, chunk = d.num_frames, config.recipe.chunk_size
-  src = ProceduralClips("eval", num_clips=clips, num_frames=(frames_n - 1) * d.frame_stride + 1,
-                        image_hw=(d.render_size, d.render_size), family="loops")
+  frames_n, stride, chunk = num_frames or d.num_frames, frame_stride or d.frame_stride, config.recipe.chunk_size
+  src = ProceduralClips("eval", num_clips=clips, num_frames=(frames_n - 1) * stride + 1,
+                        image_hw=(d.render_size, d.render_size), family=family)
+  grid = (d.image_size // d.latent_stride // model.cfg.patch_size[1], d.image_size // d.latent_stride //
+          model.cfg.patch_size[2])
   sampler = None
   rows = []
   for i in range(clips):
     clip = src[i]
-    w = ClipWindow(frames_n, d.frame_stride, d.image_size).random_map(clip, np.random.default_rng(0))
+    w = ClipWindow(frames_n, stride, d.image_size).random_map(clip, np.random.default_rng(0))
     gt = w["frames"]
     lat0 = vae.encode(jnp.asarray(gt[:1])[None], d.latent_stride)
     if sampler is None:
@@ -64,45 +106,128 @@ def evaluate(config, model, variables, *, clips=35, memory="full", lpips_params=
                                  channels=lat0.shape[-1], num_steps=steps or config.sample.num_steps,
                                  shift=config.sample.shift)
     cams = {"c2w": jnp.asarray(w["c2w"])[None], "intrinsics": jnp.asarray(w["intrinsics"])[None]}
-    policy = make_policy(memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(d.image_size, d.image_size))
-    out = sampler.rollout(lat0, frames_n, chunk, jax.random.key(seed + i), cams, memory=policy)
+    policy = make_policy(memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(d.image_size, d.image_size),
+                         **(memory_kwargs or {}))
+    attended = {0: [0]}  # chunk -> frames resident while it was generated
+
+    def record(c, _, policy=policy, attended=attended):
+      attended[c + 1] = list(policy.resident())
+
+    out = sampler.rollout(lat0, frames_n, chunk, jax.random.key(seed + i), cams, memory=policy, callback=record)
     video = np.asarray(vae.to_uint8(vae.decode(out[0], d.latent_stride)))
     r = int(clip["return_frame"])
-    ret = r // d.frame_stride if r >= 0 and r % d.frame_stride == 0 else -1
-    row = {"clip": i, "axes": str(clip["axes"]), "magnitude": float(clip["magnitude_deg"]), "return_frame": ret,
-           "psnr": float(np.mean(psnr(video[1:], gt[1:]))), "ssim": float(np.mean(ssim(video[1:], gt[1:])))}
-    if ret > 0:
-      row["return_psnr"] = float(psnr(video[ret], gt[0]))
-      row["return_ssim"] = float(ssim(video[ret], gt[0]))
+    ret = r // stride if r >= 0 and r % stride == 0 and r // stride < frames_n else -1
+    row = {"clip": i, "family": family, "axes": str(clip["axes"]), "magnitude": float(clip["magnitude_deg"]),
+           "return_frame": ret, "psnr": float(np.mean(psnr(video[1:], gt[1:]))),
+           "ssim": float(np.mean(ssim(video[1:], gt[1:])))}
     if lpips_params is not None:
       row["lpips"] = float(np.mean(lp.lpips(lpips_params, video[1:], gt[1:])))
-      if ret > 0:
+    if family == "loops" and ret > 0:
+      row["return_psnr"] = float(psnr(video[ret], gt[0]))
+      row["return_ssim"] = float(ssim(video[ret], gt[0]))
+      if lpips_params is not None:
         row["return_lpips"] = float(lp.lpips(lpips_params, video[ret], gt[0]))
+    if family == "palindrome" and ret > 0:
+      pairs = []
+      for t, m in revisit_pairs(ret):
+        chunk_of_m = (m - 1) // chunk + 1
+        pr = {"t": t, "mirror": m, "psnr": float(psnr(video[m], video[t])), "ssim": float(ssim(video[m], video[t])),
+              "resident": t in attended.get(chunk_of_m - 1, [])}
+        if lpips_params is not None:
+          pr["lpips"] = float(lp.lpips(lpips_params, video[m], video[t]))
+        pairs.append(pr)
+      row["pairs"] = pairs
+      for c in ("psnr", "ssim", "lpips"):
+        if all(c in p for p in pairs) and pairs:
+          row[f"revisit_{c}"] = float(np.mean([p[c] for p in pairs]))
+      needles = [p for p in pairs if p["t"] >= 1]
+      if needles:
+        row["needle_ssim"] = float(np.mean([p["ssim"] for p in needles]))
+        row["needle_resident"] = float(np.mean([p["resident"] for p in needles]))
+    if probe and family == "loops" and ret > 0:
+      lat = vae.encode(jnp.asarray(gt)[None], d.latent_stride)
+      pr = attention_probe.attention_weights(model, variables, lat, cams, ret, chunk, key=jax.random.key(seed + i))
+      sl = slice(0, (frames_n - 1) * stride + 1, stride)
+      cov = attention_probe.covisible_share(pr, clip["depth"][sl], clip["c2w"][sl], clip["intrinsics"][sl], ret,
+                                            grid)
+      row.update(covis_mass=cov["mass"], covis_chance=cov["chance"], history_mass=cov["history_mass"],
+                 covis_excluded=cov["excluded"], covis_layers=cov["layers"])
+      if i == 0:  # kept for the figures
+        row["probe_frames"] = {"key_frames": pr["key_frames"].tolist(), "history": pr["history"].tolist(),
+                               "mass_per_frame": pr["weights"].sum(axis=(1, 3)).tolist(),
+                               "selected": None if pr["selected"] is None else pr["selected"].tolist()}
     rows.append(row)
   return rows
+
+
+def _list(s, cast=str):
+  return [cast(x) for x in s.split(",")] if s else [None]
+
+
+def figures(out, results, family):
+  """``<out>_<metric>.png`` against magnitude (loops), one line per setting; attention/selection maps."""
+  from jaxwm.evaluation import plots  # pylint: disable=g-import-not-at-top
+  paths = []
+  if family == "loops":
+    for metric in ("return_psnr", "return_ssim", "return_lpips", "covis_mass"):
+      series = {}
+      for name, rows in results.items():
+        mags = sorted({r["magnitude"] for r in rows})
+        stats = [mean_ci(r.get(metric) for r in rows if r["magnitude"] == m) for m in mags]
+        if all(np.isfinite(s[0]) for s in stats):
+          series[name] = (mags, [s[0] for s in stats], [s[1] for s in stats])
+      if series:
+        paths.append(plots.line_plot(f"{out}_{metric}.png", series, xlabel="rotation magnitude (deg)",
+                                     ylabel=metric, title="loop closure"))
+    for name, rows in results.items():
+      pf = next((r["probe_frames"] for r in rows if "probe_frames" in r), None)
+      if pf is None:
+        continue
+      mass = np.asarray(pf["mass_per_frame"])  # [L, Fk]
+      mass = np.where(np.asarray(pf["history"])[None], mass, np.nan)
+      tag = name.replace(" ", "_").replace("=", "")
+      paths.append(plots.heat_map(f"{out}_{tag}_attention.png", mass, row_labels=[f"layer {l}" for l in
+                                                                                 range(len(mass))],
+                                  col_labels=pf["key_frames"], title=f"{name}: return-frame attention on history"))
+  return paths
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint", required=True, help="training workdir or checkpoint directory")
   p.add_argument("--clips", type=int, default=35)
+  p.add_argument("--family", default="loops", choices=["loops", "palindrome"])
   p.add_argument("--lpips", help="LPIPS weights (.npz from `python -m jaxwm.evaluation.lpips`)")
-  p.add_argument("--memory", default="full", choices=["full", "window", "landmark", "panorama"])
-  p.add_argument("--selection", choices=["topk", "random", "exclude_selected"], help="frame-sparse models only")
-  p.add_argument("--top-k", type=int)
+  p.add_argument("--memory", default="full", help="comma list of full, window, landmark, panorama")
+  p.add_argument("--memory-kwargs", default="{}",
+                 help='JSON per policy, e.g. \'{"window": {"window": 4}, "landmark": {"recent": 1}}\'')
+  p.add_argument("--selection", help="comma list of topk, random, exclude_selected (frame-sparse models)")
+  p.add_argument("--top-k", help="comma list of ints (frame-sparse models)")
+  p.add_argument("--probe", action="store_true", help="co-visible attention share (loops)")
+  p.add_argument("--figures", action="store_true")
+  p.add_argument("--frames", type=int, help="latent frames per clip (default: the training config's)")
   p.add_argument("--steps", type=int)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="results/loop_closure")
   a = p.parse_args(argv)
+  from jaxwm.memory import POLICIES  # pylint: disable=g-import-not-at-top
   from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
+  memories = _list(a.memory)
+  bad = [m for m in memories if m not in POLICIES]
+  if bad:
+    p.error(f"--memory {bad[0]!r} is not one of {POLICIES}")
+  try:
+    memory_kwargs = json.loads(a.memory_kwargs)
+  except json.JSONDecodeError as e:
+    p.error(f"--memory-kwargs is not JSON: {e}")
+  selections, top_ks = _list(a.selection), _list(a.top_k, int)
+  bad = [s for s in selections if s not in (None, "topk", "random", "exclude_selected")]
+  if bad:
+    p.error(f"--selection {bad[0]!r} is not one of topk, random, exclude_selected")
   config, model, variables, step = load_model(a.checkpoint)
-  if a.selection or a.top_k:
-    att = model.cfg.attention
-    if not att.sparse:
-      p.error("--selection/--top-k need a frame-sparse model (model.attention.sparsity != dense)")
-    att = dataclasses.replace(att, selection=a.selection or att.selection, top_k=a.top_k or att.top_k)
-    model = WanModel(dataclasses.replace(model.cfg, attention=att))
+  if (a.selection or a.top_k) and not model.cfg.attention.sparse:
+    p.error("--selection/--top-k need a frame-sparse model (model.attention.sparsity != dense)")
   lpips_params = None
   if a.lpips:
     from jaxwm.evaluation.lpips import load_params  # pylint: disable=g-import-not-at-top
@@ -110,16 +235,39 @@ def main(argv=None):
   else:
     print("LPIPS skipped: convert the public weights with `python -m jaxwm.evaluation.lpips --alexnet "
           "alexnet-owt-7be5be79.pth --lin alex.pth --out lpips_alex.npz` and pass --lpips lpips_alex.npz")
-  rows = evaluate(config, model, variables, clips=a.clips, memory=a.memory, lpips_params=lpips_params, seed=a.seed,
-                  steps=a.steps)
-  cols = [c for c in ("psnr", "ssim", "lpips", "return_psnr", "return_ssim", "return_lpips") if c in rows[0]]
-  md = (f"# Loop closure: {a.checkpoint} (step {step}), memory {a.memory}"
-        + (f", selection {model.cfg.attention.selection} top_k {model.cfg.attention.top_k}"
-           if model.cfg.attention.sparse else "") + "\n\nMean ± 95% interval over clips.\n\n"
-        + _table(rows, "magnitude", cols) + "\n\n" + _table(rows, "axes", cols) + "\n")
+  results = {}
+  for mem, sel, k in itertools.product(memories, selections, top_ks):
+    m = model
+    att = model.cfg.attention
+    if att.sparse:
+      att = dataclasses.replace(att, selection=sel or att.selection, top_k=k or att.top_k)
+      m = WanModel(dataclasses.replace(model.cfg, attention=att))
+    name = f"memory={mem}" + (f" selection={att.selection} top_k={att.top_k}" if att.sparse else "")
+    print(f"evaluating {name} ...", flush=True)
+    rows = evaluate(config, m, variables, clips=a.clips, family=a.family, memory=mem,
+                    memory_kwargs=memory_kwargs.get(mem), lpips_params=lpips_params, seed=a.seed, steps=a.steps,
+                    num_frames=a.frames, probe=a.probe)
+    for r in rows:
+      r["setting"] = name
+    results[name] = rows
+  cols = LOOP_COLS if a.family == "loops" else PALINDROME_COLS
+  all_rows = [r for rows in results.values() for r in rows]
+  md = [f"# Loop closure ({a.family}): {a.checkpoint} (step {step})", "",
+        "Mean ± 95% interval over clips." + (" covis_mass: share of the return frame's history attention on "
+                                             "co-visible keys; covis_chance: that share under uniform attention."
+                                             if a.probe else ""), "", table(all_rows, "setting", cols)]
+  for name, rows in results.items():
+    md += ["", f"## {name}", "", table(rows, "magnitude" if a.family == "loops" else "family", cols)]
+    if a.family == "loops":
+      md += ["", table(rows, "axes", cols)]
   out = pathlib.Path(a.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.with_suffix(".json").write_text(json.dumps({"step": int(step), "rows": rows}, indent=1))
+  if a.figures:
+    for path in figures(str(out), results, a.family):
+      md += ["", f"![{pathlib.Path(path).stem}]({pathlib.Path(path).name})"]
+  md = "\n".join(md) + "\n"
+  out.with_suffix(".json").write_text(json.dumps({"step": int(step), "family": a.family, "settings": results},
+                                                 indent=1))
   out.with_suffix(".md").write_text(md)
   print(md)
   print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")

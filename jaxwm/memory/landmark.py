@@ -24,12 +24,17 @@ class LandmarkMemory(MemoryPolicy):
     stride: admission stride, in median step lengths.
     rotation_weight: metres (scene units) per radian in pose distances.
     protected: bank members never evicted (the first admitted).
+    retrieve_by: ``"current"`` (ReWorld: nearest the last generated chunk's pose) or ``"next"``
+      (nearest the pose of the chunk about to be generated; the rollout calls :meth:`look_ahead`).
   """
 
   name = "landmark"
 
   def __init__(self, chunk_frames, recent=5, retrieved=6, bank_size=30, stride=4.0, rotation_weight=1.0,
-               protected=2):
+               protected=2, retrieve_by="current"):
+    if retrieve_by not in ("current", "next"):
+      raise ValueError(f"retrieve_by must be 'current' or 'next'; got {retrieve_by!r}")
+    self.retrieve_by = retrieve_by
     self.chunk_frames, self.recent_n, self.retrieved_n = chunk_frames, recent, retrieved
     self.bank_size, self.stride, self.rotation_weight, self.protected = bank_size, stride, rotation_weight, protected
     self.capacity = (1 + recent + retrieved) * chunk_frames
@@ -103,6 +108,18 @@ class LandmarkMemory(MemoryPolicy):
     d = self._pairwise([current], self.bank)[0]
     order = np.lexsort((np.arange(len(self.bank)), d))  # nearest first, earlier members first on ties
     return [self.bank[i] for i in order[:self.retrieved_n]]
+
+  def look_ahead(self, c2w):
+    """With ``retrieve_by="next"``: retrieve the landmarks nearest the pose of the chunk about to be
+    generated (``c2w [n, 4, 4]``, known from the given trajectory) instead of the last committed one."""
+    if self.retrieve_by != "next" or not self.bank:
+      return
+    c2w = np.asarray(c2w, np.float64)
+    t = np.stack([self.chunks[c]["t"] for c in self.bank])
+    r = np.stack([self.chunks[c]["r"] for c in self.bank])
+    d = pose_distance(c2w[:, :3, 3].mean(0)[None], c2w[0, :3, :3][None], t, r, self.rotation_weight)
+    order = np.lexsort((np.arange(len(self.bank)), d))
+    self.retrieved = [self.bank[i] for i in order[:self.retrieved_n]]
 
   def _forget(self):
     """Drops chunks that can never be attended again (not sink, recent or banked)."""

@@ -18,7 +18,7 @@ from jaxwm.models import loci as loci_lib
 from jaxwm.models.embeddings import TextProjection, TimeEmbedding
 from jaxwm.models.layers import LayerNorm, RMSNorm, dense
 from jaxwm.ops import frame_sparse
-from jaxwm.ops.attention import dot_product_attention
+from jaxwm.ops.attention import attention_weights, dot_product_attention
 
 _REMAT = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -104,6 +104,8 @@ class Attention(nn.Module):
       out, own["selected"] = self._sparse(q, k, v, mask)
     else:
       out = dot_product_attention(q, k, v, mask, impl=cfg.attention_impl)
+    if self.is_mutable_collection("intermediates"):  # analysis only: apply(..., mutable=["intermediates"])
+      self._sow_weights(q, k, mask, own.get("selected"))
     extra = None
     if enc in ("gta", "prope"):
       out = cam_lib.tile_transform(out, cam_q["g"], plan.idx)
@@ -113,6 +115,16 @@ class Attention(nn.Module):
           nn.initializers.zeros_init(), (None, "embed")))(py.reshape(py.shape[:2] + (-1,)))
     out = dense(cfg.dim, ("heads", "embed"), "to_out", dt)(out.reshape(out.shape[:2] + (cfg.dim,)))
     return (out if extra is None else out + extra), own
+
+  def _sow_weights(self, q, k, mask, selected):
+    """Sows the head-averaged attention weights ``[B, Lq, Lk]`` as ``intermediates/.../attn_weights``; for
+    frame-sparse attention the keys are the selected and own-chunk frames."""
+    if isinstance(mask, dict):
+      n = q.shape[1] // mask["local"].shape[1]
+      fk = k.shape[1] // n
+      frames = (frame_sparse.indices_to_mask(selected, fk) | frame_sparse.indices_to_mask(mask["local"], fk))
+      mask = expand_frame_mask(frames, n)
+    self.sow("intermediates", "attn_weights", attention_weights(q, k, mask).mean(axis=1))
 
   def _sparse(self, q, k, v, mask):
     """Frame-sparse attention (ViewRope Alg. 1): select history frames, attend to them and the own chunk."""
@@ -387,7 +399,7 @@ class WanModel(nn.Module):
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT[cfg.remat], prevent_cse=False)
-    blocks = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "frame_select": True},
+    blocks = nn.scan(block, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "frame_select": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                      length=cfg.num_layers, unroll=cfg.scan_unroll,
                      metadata_params={nn.PARTITION_NAME: "layers"})(cfg, memory_plan, name="blocks")

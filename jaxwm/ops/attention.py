@@ -40,8 +40,14 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
       m = mask[:, None] if mask.ndim == 3 else mask
       m = jnp.broadcast_to(m, (q.shape[0], m.shape[1], q.shape[1], k.shape[1]))
     return jax.nn.dot_product_attention(q, k, v, mask=m, scale=scale, implementation="cudnn")
+  probs = attention_weights(q, k, mask, scale=scale)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v).astype(q.dtype)
+
+
+def attention_weights(q, k, mask=None, *, scale=None):
+  """The softmax weights ``[B, H, Lq, Lk]`` (float32) of :func:`dot_product_attention` (same arguments)."""
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
   if mask is not None:
     logits = jnp.where(mask[:, None] if mask.ndim == 3 else mask, logits, -jnp.inf)
-  probs = jax.nn.softmax(logits, axis=-1)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v).astype(q.dtype)
+  return jax.nn.softmax(logits, axis=-1)

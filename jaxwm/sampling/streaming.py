@@ -280,7 +280,7 @@ class StreamingSampler:
     slots = memory.capacity if slots is None else slots
     if slots < memory.capacity:
       raise ValueError(f"slots={slots} is below the memory policy's capacity {memory.capacity}")
-    book = _SlotBook(memory, self, host_cams, slots)
+    book = _SlotBook(memory, self, host_cams, slots, chunk_size)
     cache = self.start(first, frames(0, 1), cache=KVCache.empty(self.cfg, self.rows, slots, self.tokens_per_frame,
                                                                 self.cfg.compute_dtype))
     cache = book.after_commit(cache, [0])
@@ -306,8 +306,8 @@ class _SlotBook:
   """Host-side bookkeeping of a rollout under a memory policy: frame -> device slot, host copies
   of banked frames that left the device, compact positions of the resident frames."""
 
-  def __init__(self, policy, sampler, host_cams, slots):
-    self.policy, self.sampler, self.cams = policy, sampler, host_cams
+  def __init__(self, policy, sampler, host_cams, slots, chunk_size=1):
+    self.policy, self.sampler, self.cams, self.chunk_size = policy, sampler, host_cams, chunk_size
     self.slot_of, self.host = {}, {}
     self.free = list(range(slots))
     self.num_resident = 0
@@ -319,6 +319,10 @@ class _SlotBook:
     else:
       c2w, intr = self.cams["c2w"][new], self.cams["intrinsics"][new]
     self.policy.update(new, c2w, intr)
+    if self.cams is not None and hasattr(self.policy, "look_ahead"):  # the next chunk's poses are known
+      nxt = np.arange(new[-1] + 1, min(new[-1] + 1 + self.chunk_size, len(self.cams["c2w"])))
+      if nxt.size:
+        self.policy.look_ahead(self.cams["c2w"][nxt])
 
   def before_commit(self, cache, new):
     """Updates the policy with the chunk's frames, frees the slots of frames that leave (copying

@@ -164,6 +164,25 @@ def write_sample(trainer, params, step, path):
   write_video(path, side_by_side(clip["frames"], frames), fps=4, scale=2)
 
 
+def _init_from(trainer, state, path):
+  """Starts from the parameters of another run (the previous stage of a progressive recipe, ViewRope §3.4):
+  fresh optimizer state and step, parameters (EMA if kept) of ``path``'s latest checkpoint."""
+  from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
+  _, _, variables, src_step = load_model(path)
+  src, dst = variables["params"], state.params
+  if jax.tree_util.tree_structure(src) != jax.tree_util.tree_structure(dst):
+    raise ValueError(f"train.init_from={path!r}: its parameter tree differs from this config's model "
+                     "(a stage may change encodings, sparsity or data, not the parameter set)")
+  for (kp, a), b in zip(jax.tree_util.tree_leaves_with_path(src), jax.tree_util.tree_leaves(dst)):
+    if a.shape != b.shape:
+      raise ValueError(f"train.init_from={path!r}: parameter {jax.tree_util.keystr(kp)} has shape {a.shape}, "
+                       f"this model's is {b.shape}")
+  params = jax.device_put(src, trainer.state_shardings.params)
+  _say(f"initialised parameters from {path} (step {src_step})")
+  ema = jax.tree_util.tree_map(jnp.copy, params) if state.ema else state.ema  # own buffers (donation)
+  return state.replace(params=params, ema=ema)
+
+
 def run(config, workdir, mesh=None, progress=True):
   """Trains (or resumes) until ``config.train.num_steps``; returns ``(state, history)``.
 
@@ -186,6 +205,8 @@ def run(config, workdir, mesh=None, progress=True):
     _say(f"resumed from step {start} in {ckpt.directory}")
   else:
     state, start = trainer.init_state(), 0
+    if tc.get("init_from"):
+      state = _init_from(trainer, state, tc.init_from)
   base_key = jax.random.key(config.seed + 1)
   writers = _Writers(workdir)
   history = []

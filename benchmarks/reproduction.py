@@ -1,0 +1,258 @@
+"""The small reproduction of the papers' comparisons (issue 8): train every arm of configs/repro.py,
+evaluate all of them on the same eval clips, write RESULTS.md.
+
+  python benchmarks/reproduction.py                        # everything (hours on a 2-core CPU)
+  python benchmarks/reproduction.py --steps 600 --seeds 0,1 --phase train
+  python benchmarks/reproduction.py --steps 600 --seeds 0,1 --phase eval   # then report
+
+Phases: ``train`` (one `train.py` process per arm and seed, resumable, skipped when done),
+``eval`` (loop-closure benchmark of every run, counterfactual selections and top-k sweeps for
+``frame_topk``, bounded memories on palindromes for ``viewrope``; JSON per run under
+``results/repro/``), ``report`` (RESULTS.md: tables with 95% bootstrap intervals over seeds and
+clips, paired differences for the three questions, figures).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MAIN_ARMS = ("rope3d", "gta", "viewrope", "sliding_window", "frame_topk", "loci")
+STAGES = ("stage1", "stage2", "stage3", "stage4")
+LANDMARK = {"recent": 1, "retrieved": 1, "stride": 0.5}
+MEMORIES = {"full": ("full", {}), "window": ("window", {"window": 4}), "landmark": ("landmark", LANDMARK),
+            "landmark_next": ("landmark", dict(LANDMARK, retrieve_by="next"))}
+
+
+def run_dir(runs, arm, seed):
+  return pathlib.Path(runs) / f"{arm}_s{seed}"
+
+
+def _latest_step(workdir):
+  ck = pathlib.Path(workdir) / "checkpoints"
+  steps = [int(p.name) for p in ck.glob("[0-9]*") if p.is_dir()] if ck.is_dir() else []
+  return max(steps) if steps else None
+
+
+def _jobs(args, seeds):
+  """Every arm on the first seed, ``--seed-arms`` on all seeds."""
+  return [(arm, s) for s in seeds for arm in MAIN_ARMS if s == seeds[0] or arm in args.seed_arms]
+
+
+def train(args, seeds):
+  jobs = _jobs(args, seeds) + ([(st, seeds[0]) for st in STAGES] if args.stages else [])
+  for arm, seed in jobs:
+    wd = run_dir(args.runs, arm, seed)
+    stage = arm.startswith("stage")
+    steps = max(1, int(args.steps * 0.25)) if stage else args.steps
+    if (_latest_step(wd) or 0) >= steps:
+      print(f"[train] {arm} seed {seed}: done ({wd})", flush=True)
+      continue
+    cmd = [sys.executable, "train.py", f"--config=configs/repro.py:{arm}", f"--config.seed={seed}",
+           f"--config.train.num_steps={steps}", f"--config.train.ckpt_every={steps}", f"--workdir={wd}"]
+    if stage and arm != "stage1":
+      cmd.append(f"--config.train.init_from={run_dir(args.runs, f'stage{int(arm[-1]) - 1}', seed)}")
+    print(f"[train] {' '.join(cmd[1:])}", flush=True)
+    t0 = time.time()
+    wd.parent.mkdir(parents=True, exist_ok=True)
+    with open(wd.parent / f"{wd.name}.log", "w") as log:
+      subprocess.run(cmd, cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
+    print(f"[train] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+
+
+def evaluate(args, seeds):
+  from jaxwm.evaluation import loop_closure as lc  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  out = pathlib.Path(args.results)
+  out.mkdir(parents=True, exist_ok=True)
+  jobs = _jobs(args, seeds) + ([("stage4", seeds[0])] if args.stages else [])
+  for arm, seed in jobs:
+    path = out / f"{arm}_s{seed}.json"
+    if path.exists():
+      print(f"[eval] {arm} seed {seed}: done ({path})", flush=True)
+      continue
+    t0 = time.time()
+    config, model, variables, step = load_model(run_dir(args.runs, arm, seed))
+    common = dict(seed=0, steps=args.sample_steps, num_frames=9, frame_stride=2)
+    settings = {"loops": lc.evaluate(config, model, variables, clips=args.clips, probe=True, **common)}
+    if arm == "frame_topk":
+      att = model.cfg.attention
+      for sel, k in [("random", att.top_k), ("exclude_selected", att.top_k)] + [("topk", k) for k in args.top_k]:
+        if sel == "topk" and k == att.top_k:
+          continue
+        m = WanModel(dataclasses.replace(model.cfg, attention=dataclasses.replace(att, selection=sel, top_k=k)))
+        settings[f"loops {sel} top_k={k}"] = lc.evaluate(config, m, variables, clips=args.clips, **common)
+    if arm == "viewrope":
+      for name, (mem, kw) in MEMORIES.items():
+        settings[f"palindrome {name}"] = lc.evaluate(config, model, variables, clips=args.palindromes,
+                                                     family="palindrome", memory=mem, memory_kwargs=kw, **common)
+    path.write_text(json.dumps({"arm": arm, "seed": seed, "step": int(step), "settings": settings}))
+    print(f"[eval] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+
+
+def _bootstrap(values, n=2000, rng=None):
+  """Mean and 95% percentile interval of ``values [seeds, clips]`` resampling seeds, then clips."""
+  v = np.asarray(values, float)
+  rng = rng or np.random.default_rng(0)
+  s, c = v.shape
+  means = np.empty(n)
+  for b in range(n):
+    rows = v[rng.integers(s, size=s)]
+    means[b] = np.nanmean(rows[:, rng.integers(c, size=c)])
+  return float(np.nanmean(v)), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def _fmt(stat):
+  m, lo, hi = stat
+  return "-" if not np.isfinite(m) else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _matrix(results, arm, setting, metric, seeds):
+  rows = [results[(arm, s)]["settings"][setting] for s in seeds if (arm, s) in results]
+  return [[r.get(metric, np.nan) if r.get(metric) is not None else np.nan for r in rs] for rs in rows]
+
+
+def report(args, seeds):
+  from jaxwm.evaluation import plots  # pylint: disable=g-import-not-at-top
+  res_dir = pathlib.Path(args.results)
+  results = {}
+  for p in sorted(res_dir.glob("*.json")):
+    d = json.loads(p.read_text())
+    results[(d["arm"], d["seed"])] = d
+  seeds = [s for s in seeds if any((a, s) in results for a in MAIN_ARMS)]
+  lines = ["# RESULTS: the small reproduction", "",
+           "Produced by `benchmarks/reproduction.py` (see its docstring); every number below comes from the run "
+           "recorded here. Tiny models (1.2M parameters, 4 blocks, 32x32 frames, 9 latent frames, chunks of 2) on "
+           "the procedural scenes; every arm has the same channels, data, steps and seeds.", "",
+           f"- Command: `python benchmarks/reproduction.py --steps {args.steps} --seeds "
+           f"{','.join(map(str, seeds))} --seed-arms {','.join(args.seed_arms)}"
+           f"{'' if args.stages else ' --no-stages'} --clips {args.clips} --palindromes {args.palindromes} "
+           f"--sample-steps {args.sample_steps}`",
+           f"- Seeds: {seeds} (training seed = `config.seed`; sampling noise seeded per clip, identical across arms)",
+           f"- Eval: {args.clips} rotate-away-and-back loops (eval split, 5 magnitudes x 7 axis combinations), "
+           f"{args.palindromes} palindromes; {args.sample_steps} Euler steps per chunk.",
+           "- Intervals: 95% bootstrap over seeds, then clips (2000 resamples); paired differences resample the "
+           "same (seed, clip) cells for both arms.", ""]
+  metrics = ("return_psnr", "return_ssim", "psnr", "ssim", "covis_mass", "covis_chance")
+  lines += ["## All arms on the loops (full memory, training selection)", "",
+            "| arm | " + " | ".join(metrics) + " |", "|" + " --- |" * (len(metrics) + 1)]
+  arms = [a for a in MAIN_ARMS + ("stage4",) if any((a, s) in results for s in seeds)]
+  for arm in arms:
+    arm_seeds = [s for s in seeds if (arm, s) in results]
+    lines.append(f"| {arm} | " + " | ".join(_fmt(_bootstrap(_matrix(results, arm, "loops", m, arm_seeds)))
+                                            for m in metrics) + " |")
+
+  def paired(a, b, setting_a, setting_b, metric):
+    common = [s for s in seeds if (a, s) in results and (b, s) in results]
+    if not common:
+      return (np.nan, np.nan, np.nan)
+    x = np.asarray(_matrix(results, a, setting_a, metric, common))
+    y = np.asarray(_matrix(results, b, setting_b, metric, common))
+    return _bootstrap(x - y)
+
+  lines += ["", "## Q1: does ViewRope lower the loop-closure error against rope3d and gta?", "",
+            "Loop-closure error = the generated return frame against the given first frame; higher PSNR/SSIM is a "
+            "lower error. Paired differences (ViewRope minus the other); an interval above 0 favours ViewRope.", "",
+            "| comparison | return_psnr diff | return_ssim diff |", "| --- | --- | --- |"]
+  for other in ("rope3d", "gta"):
+    lines.append(f"| viewrope - {other} | {_fmt(paired('viewrope', other, 'loops', 'loops', 'return_psnr'))} | "
+                 f"{_fmt(paired('viewrope', other, 'loops', 'loops', 'return_ssim'))} |")
+  lines += ["", "Per magnitude (return_ssim, mean over seeds and the 7 axis combinations):", "",
+            "| arm | " + " | ".join(f"{m:g} deg" for m in (30, 45, 75, 90, 180)) + " |", "|" + " --- |" * 6]
+  series = {}
+  for arm in arms:
+    arm_seeds = [s for s in seeds if (arm, s) in results]
+    rows = [r for s in arm_seeds for r in results[(arm, s)]["settings"]["loops"]]
+    stats = []
+    for mag in (30, 45, 75, 90, 180):
+      xs = [r["return_ssim"] for r in rows if r["magnitude"] == mag and r.get("return_ssim") is not None]
+      stats.append((float(np.mean(xs)), float(1.96 * np.std(xs, ddof=1) / np.sqrt(len(xs)))) if len(xs) > 1 else
+                   (float("nan"), float("nan")))
+    series[arm] = ([30, 45, 75, 90, 180], [s[0] for s in stats], [s[1] for s in stats])
+    lines.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m, _ in stats) + " |")
+  fig = plots.line_plot(str(ROOT / "results" / "repro_return_ssim.png"), series, xlabel="rotation magnitude (deg)",
+                        ylabel="return SSIM", title="loop closure per arm")
+  lines += ["", f"![return SSIM against magnitude]({pathlib.Path(fig).relative_to(ROOT)})"]
+
+  lines += ["", "## Q2: does excluding the selected frames hurt more than random selection? (frame_topk arm)", "",
+            "Same model, selection changed at inference only. Paired differences against the trained top-k "
+            "selection (negative = worse than top-k).", "",
+            "| setting | return_psnr | return_ssim | diff return_ssim vs topk |", "| --- | --- | --- | --- |"]
+  fs = [s for s in seeds if ("frame_topk", s) in results]
+  if fs:
+    for setting in results[("frame_topk", fs[0])]["settings"]:
+      if not setting.startswith("loops"):
+        continue
+      lines.append(f"| {setting} | {_fmt(_bootstrap(_matrix(results, 'frame_topk', setting, 'return_psnr', fs)))} | "
+                   f"{_fmt(_bootstrap(_matrix(results, 'frame_topk', setting, 'return_ssim', fs)))} | "
+                   f"{_fmt(paired('frame_topk', 'frame_topk', setting, 'loops', 'return_ssim'))} |")
+    ex = [k for k in results[("frame_topk", fs[0])]["settings"] if "exclude_selected" in k]
+    rnd = [k for k in results[("frame_topk", fs[0])]["settings"] if "random" in k]
+    if ex and rnd:
+      lines += ["", f"exclude_selected minus random (return_ssim): "
+                    f"{_fmt(paired('frame_topk', 'frame_topk', ex[0], rnd[0], 'return_ssim'))}; "
+                    f"(return_psnr): {_fmt(paired('frame_topk', 'frame_topk', ex[0], rnd[0], 'return_psnr'))}"]
+
+  lines += ["", "## Q3: does the bounded memory keep the return view when the window has evicted it? (viewrope arm)",
+            "", "Palindromes, revisit pairs (t, 8 - t) for t in {0, 1} (ReWorld §4.3). Budgets: window = sink + "
+            f"{MEMORIES['window'][1]['window']} latest frames; landmark = sink chunk + {LANDMARK['recent']} recent "
+            f"chunk + {LANDMARK['retrieved']} retrieved landmark chunk (5 frames when the return chunk is "
+            "generated, like the window), retrieved nearest the last generated chunk (ReWorld) or, "
+            "`landmark_next`, nearest the chunk about to be generated; full = everything. `needle_resident`: "
+            "share of needles t = 1 still in memory when their mirror was generated.",
+            "", "| memory | revisit_ssim | needle_ssim (t = 1) | needle_resident | psnr (all frames) |",
+            "| --- | --- | --- | --- | --- |"]
+  vs = [s for s in seeds if ("viewrope", s) in results]
+  for mem in MEMORIES:
+    st = f"palindrome {mem}"
+    if vs and st in results[("viewrope", vs[0])]["settings"]:
+      lines.append(f"| {mem} | " + " | ".join(_fmt(_bootstrap(_matrix(results, "viewrope", st, m, vs)))
+                                             for m in ("revisit_ssim", "needle_ssim", "needle_resident", "psnr"))
+                   + " |")
+  if vs:
+    lines += ["", "Paired differences of needle_ssim against the window: " + "; ".join(
+        f"{mem} - window {_fmt(paired('viewrope', 'viewrope', f'palindrome {mem}', 'palindrome window', 'needle_ssim'))}"
+        for mem in MEMORIES if mem != "window")]
+  (ROOT / "RESULTS.md").write_text("\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--phase", default="all", choices=["all", "train", "eval", "report"])
+  p.add_argument("--steps", type=int, default=900, help="training steps per arm (each stage gets a quarter)")
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--seed-arms", default=",".join(MAIN_ARMS), help="arms trained on every seed (others: the first)")
+  p.add_argument("--no-stages", dest="stages", action="store_false", help="skip the progressive stages I-IV")
+  p.add_argument("--clips", type=int, default=35)
+  p.add_argument("--palindromes", type=int, default=20)
+  p.add_argument("--sample-steps", type=int, default=10)
+  p.add_argument("--top-k", default="1,2,5", help="inference top_k sweep for frame_topk")
+  p.add_argument("--runs", default=str(ROOT / "runs" / "repro"))
+  p.add_argument("--results", default=str(ROOT / "results" / "repro"))
+  args = p.parse_args(argv)
+  args.top_k = [int(k) for k in args.top_k.split(",")]
+  args.seed_arms = args.seed_arms.split(",")
+  seeds = [int(s) for s in args.seeds.split(",")]
+  os.chdir(ROOT)
+  if args.phase in ("all", "train"):
+    train(args, seeds)
+  if args.phase in ("all", "eval"):
+    evaluate(args, seeds)
+  if args.phase in ("all", "report"):
+    report(args, seeds)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,53 @@
+"""The small reproduction of the papers' comparisons (issue 8; `benchmarks/reproduction.py` runs them all).
+
+  python train.py --config configs/repro.py:viewrope --config.seed=1 --workdir runs/repro/viewrope_s1
+
+Every arm is the tiny model (configs/tiny.py: same channels, same data, same steps); only the
+named ingredient changes:
+
+- camera encoding: ``rope3d`` (no camera), ``gta`` (GTA tiles on the 12 low temporal channels),
+  ``viewrope`` (ViewRope on the same 12 channels; the tiny default);
+- attention sparsity, all with ViewRope and the same history budget of 3 frames:
+  ``sliding_window`` (the 3 latest history frames), ``frame_topk`` (the 3 most relevant, Eq. 9-12);
+  ``viewrope`` is the dense arm;
+- ``loci``: the LOCI hybrid (blocks 1 and 3 trade history softmax for delta-rule memory,
+  chunk-wise diffusion forcing);
+- ``stage1`` .. ``stage4``: ViewRope §3.4's progressive recipe as a sequence of configs, each
+  starting from the previous stage's parameters (``train.init_from``): I short clips, teacher
+  forcing, no camera encoding; II ViewRope on; III frame-sparse attention on, moderate clips;
+  IV twice the context (17 latent frames).
+"""
+
+from configs import tiny
+
+ARMS = ("rope3d", "gta", "viewrope", "sliding_window", "frame_topk", "loci", "stage1", "stage2", "stage3", "stage4")
+BUDGET = 3  # history frames for sliding_window / frame_topk
+STAGE_FRACTION = 0.25  # each progressive stage trains this share of train.num_steps
+
+
+def get_config(arm="viewrope"):
+  if arm not in ARMS:
+    raise ValueError(f"configs/repro.py: arm must be one of {ARMS}; got {arm!r}")
+  c = tiny.get_config()
+  c.train.update(num_steps=900, ckpt_every=300, sample_every=0, workdir=f"runs/repro/{arm}")
+  c.model.attention.update(top_k=BUDGET, window=BUDGET)
+  if arm in ("rope3d", "gta"):
+    c.model.camera.encoding = arm
+  elif arm in ("sliding_window", "frame_topk"):
+    c.model.attention.sparsity = arm
+  elif arm == "loci":
+    c.model.loci.enabled = True
+    c.recipe.layout = "diffusion_forcing"
+  elif arm.startswith("stage"):
+    n = int(arm[-1])
+    c.train.num_steps = int(900 * STAGE_FRACTION)
+    c.model.camera.encoding = "rope3d" if n == 1 else "viewrope"
+    if n <= 2:
+      c.data.num_frames = 5  # short clips
+    if n >= 3:
+      c.model.attention.sparsity = "frame_topk"
+    if n == 4:  # scale the context: 17 latent frames from 33 rendered ones
+      c.data.update(clip_frames=33, num_frames=17)
+    if n > 1:
+      c.train.init_from = f"runs/repro/stage{n - 1}"
+  return c
