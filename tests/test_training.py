@@ -121,3 +121,22 @@ def test_train_then_sample(tiny_checkpoint, tmp_path):
   assert report["checkpoint_step"] == 2 and len(report["psnr"]) == c.data.num_frames
   assert report["return_frame"] == 4 and np.isfinite(report["loop_closure_psnr"])
   assert sample.main(["--workdir", str(tmp_path / "nothing")]) == 2
+
+
+def test_init_from_an_earlier_stage(tiny_checkpoint, tmp_path):
+  """``train.init_from`` (progressive stages): the next stage starts from the earlier run's parameters with a
+  fresh optimizer, may change the encoding, and names the parameter that does not fit."""
+  from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.loop import _init_from  # pylint: disable=g-import-not-at-top
+  workdir, _, _ = tiny_checkpoint
+  _, _, variables, _ = load_model(workdir)
+  c = tiny_config(**{"model.camera.encoding": "rope3d"})
+  tr = Trainer(c, tmp_path / "next", mesh=_one_device())
+  state = _init_from(tr, tr.init_state(), str(workdir))
+  assert int(state.step) == 0
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(state.params),
+                         jax.device_get(variables["params"]))
+  wide = tiny_config(**{"model.ffn_dim": 2 * c.model.ffn_dim})
+  tr = Trainer(wide, tmp_path / "wide", mesh=_one_device())
+  with pytest.raises(ValueError, match=r"train.init_from=.*ffn_in.*has shape"):
+    _init_from(tr, tr.init_state(), str(workdir))
