@@ -33,3 +33,22 @@ def test_palindrome_revisits_under_bounded_memory(tiny_checkpoint, tmp_path):
   assert [(p["t"], p["mirror"]) for p in full["pairs"]] == [(0, 8), (1, 7)]
   assert full["needle_resident"] == 1.0 and window["needle_resident"] == 0.0  # sink + 4 evicts frame 1
   assert -1 <= window["revisit_ssim"] <= 1
+
+
+def test_figures_from_rows(tmp_path):
+  """Figures from hand-made rows: one line per setting, attention and selection maps of a sparse probe."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from jaxwm.evaluation import loop_closure  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  probe = {"key_frames": [0, 1, 2, 1, 2], "history": [True, True, False, False, False],
+           "mass_per_frame": rng.random((2, 5)).tolist(), "selected": [[1], [0]]}
+  results = {name: [{"magnitude": m, "return_ssim": float(rng.random()), "return_psnr": 10 + m / 30,
+                     **({"probe_frames": probe} if m == 30 else {})} for m in (30, 90, 180) for _ in range(2)]
+             for name in ("a", "b")}
+  paths = loop_closure.figures(str(tmp_path / "f"), results, "loops")
+  names = sorted(p.split("/")[-1] for p in paths)
+  assert names == ["f_a_attention.png", "f_a_selection.png", "f_b_attention.png", "f_b_selection.png",
+                   "f_return_psnr.png", "f_return_ssim.png"]
+  assert Image.open(tmp_path / "f_return_ssim.png").size == (560, 360)
+  sel = np.asarray(Image.open(tmp_path / "f_a_selection.png"))
+  assert (sel == [230, 50, 40]).all(-1).any()  # the selected frames are drawn red

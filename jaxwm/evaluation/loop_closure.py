@@ -189,6 +189,11 @@ def figures(out, results, family):
       paths.append(plots.heat_map(f"{out}_{tag}_attention.png", mass, row_labels=[f"layer {l}" for l in
                                                                                  range(len(mass))],
                                   col_labels=pf["key_frames"], title=f"{name}: return-frame attention on history"))
+      if pf["selected"] is not None:  # frame-sparse: the return frame's selection per layer (ViewRope Fig. 3)
+        from jaxwm.evaluation.selection_plot import save_selection_maps  # pylint: disable=g-import-not-at-top
+        sel = np.asarray(pf["selected"])[:, None]
+        paths.append(save_selection_maps(f"{out}_{tag}_selection.png", sel, len(pf["key_frames"]),
+                                         history=np.asarray(pf["history"])[None], cell=12))
   return paths
 
 
