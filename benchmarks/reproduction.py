@@ -38,7 +38,7 @@ def run_dir(runs, arm, seed):
 
 def _latest_step(workdir):
   ck = pathlib.Path(workdir) / "checkpoints"
-  steps = [int(p.name) for p in ck.glob("[0-9]*") if p.is_dir()] if ck.is_dir() else []
+  steps = [int(p.name) for p in ck.iterdir() if p.is_dir() and p.name.isdigit()] if ck.is_dir() else []
   return max(steps) if steps else None
 
 
@@ -80,6 +80,9 @@ def evaluate(args, seeds):
     path = out / f"{arm}_s{seed}.json"
     if path.exists():
       print(f"[eval] {arm} seed {seed}: done ({path})", flush=True)
+      continue
+    if _latest_step(run_dir(args.runs, arm, seed)) is None:
+      print(f"[eval] {arm} seed {seed}: not trained yet, skipped", flush=True)
       continue
     t0 = time.time()
     config, model, variables, step = load_model(run_dir(args.runs, arm, seed))
