@@ -223,6 +223,14 @@ def test_tiny_model_trains_and_streams_with_frame_topk(tmp_path):
   out = sampler.rollout(jnp.zeros((1, 1, lat, lat, 48)), 7, 2, jax.random.key(0),
                         cameras={"c2w": c2w[:1], "intrinsics": intr[:1]})
   assert out.shape == (1, 7, lat, lat, 48) and bool(jnp.all(jnp.isfinite(out)))
+  # Counterfactual selections stream too (they draw keys from the first commit on).
+  att = dataclasses.replace(tr.model.cfg.attention, selection="random")
+  rand = StreamingSampler(WanModel(dataclasses.replace(tr.model.cfg, attention=att)), {"params": state.params},
+                          batch_size=1, max_frames=7, latent_hw=(lat, lat), channels=48, num_steps=2)
+  out_r = rand.rollout(jnp.zeros((1, 1, lat, lat, 48)), 7, 2, jax.random.key(0),
+                       cameras={"c2w": c2w[:1], "intrinsics": intr[:1]})
+  np.testing.assert_array_equal(out_r[:, :3], out[:, :3])  # one history frame for chunk 1: top-1 = random-1
+  assert float(np.abs(out_r - out).max()) > 0
 
 
 def test_selection_maps_are_saved(tmp_path):

@@ -218,7 +218,10 @@ class StreamingSampler:
     """Commits the conditioning frame(s) ``first [B, S0, h, w, C]`` at positions ``0..S0-1``."""
     pos = jnp.broadcast_to(jnp.arange(first.shape[1], dtype=jnp.float32), (self.rows, first.shape[1]))
     cache = self.empty_cache() if cache is None else cache
-    return _commit_jit(self.model, self.variables, cache, self._rows(first), pos, self.context, self._cams(cameras))
+    # Random / exclude-selected frame selection needs a key even here (the conditioning frames have no history).
+    rng = jax.random.key(0) if self.cfg.attention.sparse else None
+    return _commit_jit(self.model, self.variables, cache, self._rows(first), pos, self.context, self._cams(cameras),
+                       rng)
 
   def generate(self, cache, key, num_frames, cameras=None, start=None, slots=None, commit_before=None):
     """Generates the next ``num_frames`` frames after the cache's frames; returns ``(latents, cache)``.
