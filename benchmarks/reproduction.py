@@ -126,7 +126,7 @@ def _matrix(results, arm, setting, metric, seeds):
 
 
 def report(args, seeds):
-  from jaxwm.evaluation import plots  # pylint: disable=g-import-not-at-top
+  from jaxwm.evaluation import loop_closure as lc  # pylint: disable=g-import-not-at-top
   res_dir = pathlib.Path(args.results)
   results = {}
   for p in sorted(res_dir.glob("*.json")):
@@ -172,7 +172,6 @@ def report(args, seeds):
                  f"{_fmt(paired('viewrope', other, 'loops', 'loops', 'return_ssim'))} |")
   lines += ["", "Per magnitude (return_ssim, mean over seeds and the 7 axis combinations):", "",
             "| arm | " + " | ".join(f"{m:g} deg" for m in (30, 45, 75, 90, 180)) + " |", "|" + " --- |" * 6]
-  series = {}
   for arm in arms:
     arm_seeds = [s for s in seeds if (arm, s) in results]
     rows = [r for s in arm_seeds for r in results[(arm, s)]["settings"]["loops"]]
@@ -181,11 +180,23 @@ def report(args, seeds):
       xs = [r["return_ssim"] for r in rows if r["magnitude"] == mag and r.get("return_ssim") is not None]
       stats.append((float(np.mean(xs)), float(1.96 * np.std(xs, ddof=1) / np.sqrt(len(xs)))) if len(xs) > 1 else
                    (float("nan"), float("nan")))
-    series[arm] = ([30, 45, 75, 90, 180], [s[0] for s in stats], [s[1] for s in stats])
     lines.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m, _ in stats) + " |")
-  fig = plots.line_plot(str(ROOT / "results" / "repro_return_ssim.png"), series, xlabel="rotation magnitude (deg)",
-                        ylabel="return SSIM", title="loop closure per arm")
-  lines += ["", f"![return SSIM against magnitude]({pathlib.Path(fig).relative_to(ROOT)})"]
+  figs = lc.figures(str(ROOT / "results" / "repro"), {
+      arm: [r for s in seeds if (arm, s) in results for r in results[(arm, s)]["settings"]["loops"]] for arm in arms},
+                    "loops")
+  lines += ["", "Figures (all seeds and clips; attention maps: layers down, key frames of the teacher-forced probe "
+            "across, history only, first clip of the first seed; selection maps: red = selected):", ""]
+  lines += [f"![{pathlib.Path(f).stem}]({pathlib.Path(f).relative_to(ROOT)})" for f in figs]
+
+  lines += ["", "## Sparsity, recurrent memory and the progressive recipe", "",
+            "Paired differences (first arm minus second) on the loops; an interval above 0 favours the first arm. "
+            "`sliding_window` and `frame_topk` attend 3 history frames; `viewrope` is the dense arm.", "",
+            "| comparison | return_psnr diff | return_ssim diff | psnr diff (all frames) |", "| --- | --- | --- | --- |"]
+  for a, b in (("frame_topk", "sliding_window"), ("frame_topk", "viewrope"), ("sliding_window", "viewrope"),
+               ("loci", "viewrope"), ("stage4", "frame_topk")):
+    if any((a, s) in results for s in seeds) and any((b, s) in results for s in seeds):
+      lines.append(f"| {a} - {b} | " + " | ".join(_fmt(paired(a, b, "loops", "loops", m))
+                                                  for m in ("return_psnr", "return_ssim", "psnr")) + " |")
 
   lines += ["", "## Q2: does excluding the selected frames hurt more than random selection? (frame_topk arm)", "",
             "Same model, selection changed at inference only. Paired differences against the trained top-k "
