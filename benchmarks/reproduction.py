@@ -48,7 +48,9 @@ def _jobs(args, seeds):
 
 
 def train(args, seeds):
-  jobs = _jobs(args, seeds) + ([(st, seeds[0]) for st in STAGES] if args.stages else [])
+  jobs = _jobs(args, seeds)  # the stages come after the first seed's arms
+  n_first = sum(1 for _, s in jobs if s == seeds[0])
+  jobs = jobs[:n_first] + ([(st, seeds[0]) for st in STAGES] if args.stages else []) + jobs[n_first:]
   for arm, seed in jobs:
     wd = run_dir(args.runs, arm, seed)
     stage = arm.startswith("stage")
