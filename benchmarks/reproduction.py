@@ -193,7 +193,8 @@ def report(args, seeds):
   lines += ["", "## Sparsity, recurrent memory and the progressive recipe", "",
             "Paired differences (first arm minus second) on the loops; an interval above 0 favours the first arm. "
             "`sliding_window` and `frame_topk` attend 3 history frames; `viewrope` is the dense arm.", "",
-            "| comparison | return_psnr diff | return_ssim diff | psnr diff (all frames) |", "| --- | --- | --- | --- |"]
+            "| comparison | return_psnr diff | return_ssim diff | psnr diff (all frames) |",
+            "| --- | --- | --- | --- |"]
   for a, b in (("frame_topk", "sliding_window"), ("frame_topk", "viewrope"), ("sliding_window", "viewrope"),
                ("loci", "viewrope"), ("stage4", "frame_topk")):
     if any((a, s) in results for s in seeds) and any((b, s) in results for s in seeds):
@@ -238,7 +239,8 @@ def report(args, seeds):
                    + " |")
   if vs:
     lines += ["", "Paired differences of needle_ssim against the window: " + "; ".join(
-        f"{mem} - window {_fmt(paired('viewrope', 'viewrope', f'palindrome {mem}', 'palindrome window', 'needle_ssim'))}"
+        f"{mem} - window "
+        f"{_fmt(paired('viewrope', 'viewrope', f'palindrome {mem}', 'palindrome window', 'needle_ssim'))}"
         for mem in MEMORIES if mem != "window")]
   (ROOT / "RESULTS.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))

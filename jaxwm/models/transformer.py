@@ -399,7 +399,8 @@ class WanModel(nn.Module):
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT[cfg.remat], prevent_cse=False)
-    blocks = nn.scan(block, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "frame_select": True},
+    blocks = nn.scan(block, variable_axes={"params": 0, "intermediates": 0},
+                     split_rngs={"params": True, "frame_select": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                      length=cfg.num_layers, unroll=cfg.scan_unroll,
                      metadata_params={nn.PARTITION_NAME: "layers"})(cfg, memory_plan, name="blocks")
