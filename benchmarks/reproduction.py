@@ -142,7 +142,7 @@ def report(args, seeds):
            f"- Command: `python benchmarks/reproduction.py --steps {args.steps} --seeds "
            f"{','.join(map(str, seeds))} --seed-arms {','.join(args.seed_arms)}"
            f"{'' if args.stages else ' --no-stages'} --clips {args.clips} --palindromes {args.palindromes} "
-           f"--sample-steps {args.sample_steps}`",
+           f"--sample-steps {args.sample_steps} --top-k {','.join(map(str, args.top_k))}`",
            f"- Seeds: {seeds} (training seed = `config.seed`; sampling noise seeded per clip, identical across arms)",
            f"- Eval: {args.clips} rotate-away-and-back loops (eval split, 5 magnitudes x 7 axis combinations), "
            f"{args.palindromes} palindromes; {args.sample_steps} Euler steps per chunk.",
