@@ -9,7 +9,8 @@ Phases: ``train`` (one `train.py` process per arm and seed, resumable, skipped w
 ``eval`` (loop-closure benchmark of every run, counterfactual selections and top-k sweeps for
 ``frame_topk``, bounded memories on palindromes for ``viewrope``; JSON per run under
 ``results/repro/``), ``report`` (RESULTS.md: tables with 95% bootstrap intervals over seeds and
-clips, paired differences for the three questions, figures).
+clips, paired differences for the three questions, figures; the "Reading" section of RESULTS.md
+is written by hand after a run).
 """
 
 import argparse
