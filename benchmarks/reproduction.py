@@ -178,11 +178,7 @@ def report(args, seeds):
   for arm in arms:
     arm_seeds = [s for s in seeds if (arm, s) in results]
     rows = [r for s in arm_seeds for r in results[(arm, s)]["settings"]["loops"]]
-    stats = []
-    for mag in (30, 45, 75, 90, 180):
-      xs = [r["return_ssim"] for r in rows if r["magnitude"] == mag and r.get("return_ssim") is not None]
-      stats.append((float(np.mean(xs)), float(1.96 * np.std(xs, ddof=1) / np.sqrt(len(xs)))) if len(xs) > 1 else
-                   (float("nan"), float("nan")))
+    stats = [lc.mean_ci(r.get("return_ssim") for r in rows if r["magnitude"] == mag) for mag in (30, 45, 75, 90, 180)]
     lines.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m, _ in stats) + " |")
   figs = lc.figures(str(ROOT / "results" / "repro"), {
       arm: [r for s in seeds if (arm, s) in results for r in results[(arm, s)]["settings"]["loops"]] for arm in arms},
