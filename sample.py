@@ -17,6 +17,8 @@ import sys
 
 import numpy as np
 
+from jaxwm.memory import POLICIES
+
 
 def _load_image(path, size):
   from PIL import Image  # pylint: disable=g-import-not-at-top
@@ -33,12 +35,15 @@ def main(argv=None):
   p.add_argument("--clip", type=int, default=0, help="procedural eval clip for the first frame and trajectory")
   p.add_argument("--image", help="first frame from an image file instead of a procedural clip")
   p.add_argument("--trajectory", help="RealEstate10K-format camera file")
+  p.add_argument("--scale_divisor", type=float, default=None,
+                 help="--trajectory translations are divided by this, as training divided its source's "
+                      "(default: the checkpoint's data.scale_divisor)")
   p.add_argument("--preset", help="named trajectory, e.g. yaw90, yaw+pitch45")
   p.add_argument("--frames", type=int, default=None, help="frames to generate (1 + k * chunk); default: training clip")
   p.add_argument("--steps", type=int, default=None, help="Euler steps per chunk")
   p.add_argument("--shift", type=float, default=None)
-  p.add_argument("--memory", default="full", choices=["full", "window", "landmark", "panorama"],
-                 help="which earlier frames each chunk attends to (bounded policies for long rollouts; DESIGN §8)")
+  p.add_argument("--memory", default="full", choices=POLICIES,
+                 help="which earlier frames each chunk attends to (bounded policies for long rollouts; docs/design.md §8)")
   p.add_argument("--window", type=int, default=8, help="--memory window: frames kept after the sink")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="samples/sample.gif", help=".gif or .mp4")
@@ -52,16 +57,12 @@ def main(argv=None):
     return 2
 
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from jaxwm.data.procedural import ProceduralClips  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation.metrics import psnr, ssim  # pylint: disable=g-import-not-at-top
   from jaxwm.geometry import parse_realestate10k, reanchor, validate_cameras  # pylint: disable=g-import-not-at-top
   from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
-  from jaxwm.models import vae  # pylint: disable=g-import-not-at-top
-  from jaxwm.sampling import StreamingSampler  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.clips import eval_clip, stream_clip  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.presets import preset_trajectory  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.data import ClipWindow  # pylint: disable=g-import-not-at-top
   from jaxwm.utils.media import side_by_side, write_video  # pylint: disable=g-import-not-at-top
 
   d = config.data
@@ -78,34 +79,29 @@ def main(argv=None):
       if len(cams["c2w"]) < frames_n:
         p.error(f"{args.trajectory} has {len(cams['c2w'])} cameras; --frames asks for {frames_n}")
       c2w, k = reanchor(cams["c2w"][:frames_n]), cams["intrinsics"][:frames_n]
+      divisor = args.scale_divisor if args.scale_divisor is not None else config.data.get("scale_divisor", 1.0)
+      if divisor <= 0:
+        p.error(f"--scale_divisor must be > 0; got {divisor}")
+      c2w[:, :3, 3] /= divisor  # the training units of the model's poses
     else:
       c2w, k, ret = preset_trajectory(args.preset or "yaw90", frames_n, (size, size))
+    clip = {"frames": first[None], "c2w": c2w, "intrinsics": k}
   else:
     if args.trajectory or args.preset:
       p.error("--trajectory/--preset need --image (a procedural clip brings its own trajectory)")
-    src = ProceduralClips("eval", num_clips=args.clip + 1, num_frames=(frames_n - 1) * d.frame_stride + 1,
-                          image_hw=(d.render_size, d.render_size), family="loops")
-    clip = src[args.clip]
-    window = ClipWindow(frames_n, d.frame_stride, size).random_map(clip, np.random.default_rng(0))
-    gt, c2w, k = window["frames"], window["c2w"], window["intrinsics"]
+    clip = eval_clip(config, args.clip, num_frames=frames_n)
+    gt, ret, meta = clip["frames"], clip["return_frame"], clip["meta"]
     first = gt[0]
-    r = int(clip["return_frame"])
-    ret = r // d.frame_stride if r >= 0 and r % d.frame_stride == 0 else -1
-    print(f"eval clip {args.clip}: {clip['family']} {clip['axes']} {float(clip['magnitude_deg']):g} deg")
-  validate_cameras(c2w, k)
+    print(f"eval clip {args.clip}: {meta['family']} {meta['axes']} {meta['magnitude_deg']:g} deg")
+  validate_cameras(clip["c2w"], clip["intrinsics"])
   if not model.cfg.camera_conditioned:
     print("note: this model uses 3D RoPE only (no camera encoding); the trajectory sets the length and the "
           "ground truth, not the generation")
 
-  lat0 = vae.encode(jnp.asarray(first)[None, None], d.latent_stride)
-  sampler = StreamingSampler(model, variables, batch_size=1, max_frames=frames_n, latent_hw=lat0.shape[2:4],
-                             channels=lat0.shape[-1], num_steps=args.steps or config.sample.num_steps,
-                             shift=args.shift if args.shift is not None else config.sample.shift)
-  cams = {"c2w": jnp.asarray(c2w, jnp.float32)[None], "intrinsics": jnp.asarray(k, jnp.float32)[None]}
   kwargs = {"window": args.window} if args.memory == "window" else {}
   memory = make_policy(args.memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(size, size), **kwargs)
-  out = sampler.rollout(lat0, frames_n, chunk, jax.random.key(args.seed), cams, memory=memory, progress=True)
-  video = np.asarray(vae.to_uint8(vae.decode(out[0], d.latent_stride)))
+  video = stream_clip(model, variables, config, clip, key=jax.random.key(args.seed), num_steps=args.steps,
+                      shift=args.shift, memory=memory, progress=True)
   out_path = pathlib.Path(args.out)
   write_video(out_path, video if gt is None else side_by_side(gt, video), fps=6, scale=max(1, 128 // size))
   report = {"checkpoint_step": int(step), "frames": frames_n, "return_frame": int(ret), "memory": args.memory}

@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxwm.encodings import camera as cam_lib
+from jaxwm.encodings.base import Encoded, model_poses
 from jaxwm.encodings.rope3d import rope3d_angles
+from jaxwm.models.attention import Attention
 from jaxwm.models.config import CameraConfig, ModelConfig
-from jaxwm.models.transformer import Attention, token_positions
+from jaxwm.models.transformer import token_positions
 
 VARIANTS = [("rope3d", {}), ("viewrope", {}), ("viewrope all", {"channels": "all"}), ("gta", {}), ("prope", {}),
             ("prope per-token", {"per_token": True}), ("mrope", {}), ("worldrope", {"channels": "hw"})]
@@ -41,18 +42,17 @@ def _call(shape, name, cam):
   pos = token_positions(jnp.arange(f, dtype=jnp.float32)[None], grid)
   rope = rope3d_angles(pos, cfg.head_dim)
 
-  def fn(params, x, c2w, k):
-    cam = None
-    if enc != "rope3d":
-      cam = cam_lib.camera_tensors(cfg.camera, c2w, k, jnp.ones(1), grid, (2, 2))
+  def queries(c2w, k):
+    """What the model passes the attention layer: RoPE angles (per head for MRoPE) and camera tensors."""
     r = rope
     if enc == "mrope":  # phases per head, as the model adds them
       r = jnp.broadcast_to(rope[:, :, None, :], rope.shape[:2] + (cfg.num_heads, rope.shape[-1]))
-    return attn.apply(params, x, rope=r, cam=cam)[0]
+    return Encoded(r, cfg.encoding.tensors(cfg.camera, model_poses(c2w, 1.0), k, grid, (2, 2)))
 
-  cam0 = None if enc == "rope3d" else cam_lib.camera_tensors(cfg.camera, c2w, k, jnp.ones(1), grid, (2, 2))
-  params = jax.jit(lambda key: nn.unbox(attn.init(key, x, rope=rope if enc != "mrope" else jnp.broadcast_to(
-      rope[:, :, None, :], rope.shape[:2] + (cfg.num_heads, rope.shape[-1])), cam=cam0)))(jax.random.key(1))
+  def fn(params, x, c2w, k):
+    return attn.apply(params, x, queries=queries(c2w, k))[0]
+
+  params = jax.jit(lambda key: nn.unbox(attn.init(key, x, queries=queries(c2w, k))))(jax.random.key(1))
   compiled = jax.jit(fn).lower(params, x, c2w, k).compile()
   cost = compiled.cost_analysis()
   flops = float((cost[0] if isinstance(cost, list) else cost)["flops"])

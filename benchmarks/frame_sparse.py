@@ -16,6 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from jaxwm import kernels
 from jaxwm.models.transformer import expand_frame_mask
 from jaxwm.ops import frame_sparse as fs
 from jaxwm.ops.attention import dot_product_attention
@@ -108,7 +109,7 @@ def main():
         tok = expand_frame_mask(mask, n)[:, None]
         cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=tok, implementation="cudnn"))
         idx = jnp.concatenate([local, select(*args[:2])], -1)
-        ker = jax.jit(lambda q, k, v: fs.sparse_attention(q, k, v, idx, tokens_per_frame=n, impl="pallas_gpu"))
+        ker = jax.jit(lambda q, k, v: kernels.gathered_attention(q, k, v, idx, tokens_per_frame=n, impl="pallas_gpu"))
         row += [fmt(_time(cud.lower(qb, kb, vb).compile(), (qb, kb, vb), a.repeats)),
                 fmt(_time(ker.lower(qb, kb, vb).compile(), (qb, kb, vb), a.repeats))]
       print("| " + " | ".join(str(x) for x in row) + " |", flush=True)

@@ -25,6 +25,7 @@ from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-pos
 from jaxwm.data.procedural.clips import pinhole_intrinsics
 from jaxwm.geometry.rotations import rotation_about_axis
 from jaxwm.memory import make_policy
+from jaxwm.models.conditioning import Cameras, Frames
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.transformer import WanModel
 from jaxwm.sampling.streaming import StreamingSampler
@@ -59,8 +60,8 @@ def main():
   ch = 3 * d.latent_stride ** 2
   cams = trajectory(a.frames, d.image_size)
   x = jnp.zeros((1, 1, lat, lat, ch))
-  variables = nn.unbox(jax.jit(lambda k: model.init(k, x, jnp.zeros((1, 1)), cameras={
-      "c2w": cams["c2w"][:, :1], "intrinsics": cams["intrinsics"][:, :1]}))(jax.random.key(0)))
+  frames = Frames.sequence(1, 1, cameras=Cameras(cams["c2w"][:, :1], cams["intrinsics"][:, :1]))
+  variables = nn.unbox(jax.jit(lambda k: model.init(k, x, jnp.zeros((1, 1)), frames))(jax.random.key(0)))
   first = jax.random.normal(jax.random.key(1), (1, 1, lat, lat, ch))
   chunk = config.recipe.chunk_size
   print(f"tiny model ({cfg.num_layers} layers, dim {cfg.dim}), {a.frames} frames, chunks of {chunk}, "

@@ -5,38 +5,27 @@
 
 import ml_collections
 
+from jaxwm.models.config import default_config_dict
 from jaxwm.training.sharding import DEFAULT_RULES
 
 
 def get_config():
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.model = ml_collections.ConfigDict(dict(
-      dim=192, num_heads=4, num_layers=4, ffn_dim=384, in_channels=48, out_channels=48, patch_size=(1, 2, 2),
-      text_dim=64, freq_dim=64, eps=1e-6, cross_attn=False, cross_attn_norm=True, rope_theta=10000.0,
-      dtype="float32", remat="none", attention_impl="xla"))
-  # Camera conditioning (DESIGN §4): ViewRope on the 12 lowest temporal channels of each head.
-  # encoding: rope3d | viewrope | gta | prope | mrope | worldrope;
-  # channels: t_low | hw_low | hw_low_replace | all | hw (WorldRoPE) | [[start, end], ...].
-  c.model.camera = ml_collections.ConfigDict(dict(
-      encoding="viewrope", channels="t_low", per_token=False, translation_scale=1.0, plucker=False, vae_stride=4,
-      mrope_hidden=64, hypotheses=4, depth_range=(1.0, 6.0), mixed_frequencies=False))
-  # Frame sparsity of self-attention (DESIGN §6): dense | sliding_window | frame_topk (ViewRope Eqs. 9-12);
-  # selection: topk | random | exclude_selected; impl: xla | pallas_tpu | pallas_gpu.
-  c.model.attention = ml_collections.ConfigDict(dict(
-      sparsity="dense", top_k=5, num_samples=10, window=4, selection="topk", impl="xla", interpret=False))
+  # Model: the defaults of jaxwm.models.config (ModelConfig, CameraConfig, AttentionConfig and LociConfig document
+  # every option and its valid values), then only the tiny model's overrides.
   # Rendered at 64x64, trained at 32x32; latents by space-to-depth (stride 4): 8x8x48; patch 2: 16 tokens per
   # frame of 192 values, so model.dim >= 192 (a narrower model cannot pass the noise through and samples stay noisy).
+  c.model = ml_collections.ConfigDict(default_config_dict())
+  c.model.update(dim=192, ffn_dim=384)
+  c.model.camera.encoding = "viewrope"  # on the 12 lowest temporal channels of each head (docs/design.md §4)
+  c.model.loci.blocks = (1, 3)  # hybrid blocks when model.loci.enabled (docs/design.md §7)
   c.data = ml_collections.ConfigDict(dict(
       source="tfds", data_dir="data/tfds", num_clips=256, clips_per_scene=8, clip_frames=17, render_size=64,
       image_size=32, latent_stride=4, num_frames=9, frame_stride=2, batch_size=4, worker_count=0,
       palindrome_prob=0.0, scale_divisor=1.0, convention="opencv"))
-  # LOCI hybrid blocks (DESIGN §7): intra-chunk attention + delta-rule memory in `blocks` (LOCI: 15 of 30).
-  c.model.loci = ml_collections.ConfigDict(dict(
-      enabled=False, blocks=(1, 3), alpha_min=0.2, init_retention=0.7, translation_divisor=6.0, chunk_size=64,
-      impl="xla"))
   # layout: teacher_forcing (clean history + noisy chunks) | diffusion_forcing (every chunk noised independently).
-  # ReWorld's recipe (DESIGN §5): chunk drop keeps the sink + `keep` random past chunks; head windows give a
+  # ReWorld's recipe (docs/design.md §5): chunk drop keeps the sink + `keep` random past chunks; head windows give a
   # routed `global_fraction` of heads the whole history and the rest the last `window` frames.
   c.recipe = ml_collections.ConfigDict(dict(
       chunk_size=2, timestep_distribution="uniform", timestep_shift=1.0, layout="teacher_forcing",

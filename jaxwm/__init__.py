@@ -1,6 +1,6 @@
 """jaxwm: camera-conditioned streaming video world models in JAX/Flax.
 
-See ``../shared/DESIGN.md`` for the conventions (OpenCV cameras, ``[B, F, h, w, C]``
+See ``docs/design.md`` for the conventions (OpenCV cameras, ``[B, F, h, w, C]``
 latents, ``[B, L, H, Dh]`` attention tensors) used throughout.
 """
 

@@ -1,5 +1,6 @@
 """Pallas kernels for TPU and GPU, one folder per operator, each sharing the signature of its
-pure-``jnp`` reference in ``jaxwm/ops`` and chosen by ``impl=`` (never a silent fallback).
+pure-``jnp`` reference in ``jaxwm/ops`` and chosen by ``impl=`` in ``jaxwm.kernels`` (never a
+silent fallback). Kernels import only public helpers of ``jaxwm``; ``jaxwm.ops`` imports no kernel.
 
 - ``frame_sparse_attention/``: ViewRope's gathered frame-sparse attention (``jaxwm.ops.frame_sparse``).
 - ``delta_rule/``: the chunked gated delta rule (``jaxwm.ops.delta_rule``).

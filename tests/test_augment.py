@@ -82,8 +82,8 @@ def _clip(n=9, size=16):
 
 
 def test_palindrome_windows_and_per_source_normalisation():
+  from jaxwm.data.window import ClipWindow  # pylint: disable=g-import-not-at-top
   from jaxwm.geometry.formats import opencv_to_opengl  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.data import ClipWindow  # pylint: disable=g-import-not-at-top
   clip = _clip()
   w = ClipWindow(5, 2, 16, palindrome_prob=1.0).random_map(clip, np.random.default_rng(0))
   for i in range(5):  # out along the path and exactly back

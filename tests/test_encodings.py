@@ -12,8 +12,11 @@ import pytest
 from conftest import random_poses, random_rotations, tiny_config
 
 from jaxwm.diffusion import flow
-from jaxwm.encodings import camera as cam_lib
+from jaxwm.encodings.base import model_poses, tile_transform
 from jaxwm.encodings.channels import resolve_channels
+from jaxwm.encodings.prope import PRoPE
+from jaxwm.encodings.viewrope import viewrope_rotate
+from jaxwm.models.conditioning import Cameras
 from jaxwm.models.config import CameraConfig, ModelConfig
 from jaxwm.models.transformer import WanModel
 from jaxwm.ops.attention import dot_product_attention
@@ -64,15 +67,15 @@ def data():
   }
 
 
-def _seq_cams(d, c2w, scale=None):
+def _seq_cams(d, c2w):
   idx = d["layout"].frame_pos.astype(int)
-  return {"c2w": jnp.asarray(c2w[:, idx], jnp.float32), "intrinsics": jnp.asarray(d["k"][:, idx], jnp.float32),
-          "scale": jnp.ones(2) if scale is None else scale}
+  return Cameras(jnp.asarray(c2w[:, idx], jnp.float32), jnp.asarray(d["k"][:, idx], jnp.float32))
 
 
 def _init(model, d):
   x = jnp.zeros((2, d["s"], *HW, 12))
-  return nn.unbox(jax.jit(model.init)(jax.random.key(0), x, jnp.zeros((2, d["s"])), cameras=_seq_cams(d, d["c2w"])))
+  frames = d["layout"].frames(2, _seq_cams(d, d["c2w"]))
+  return nn.unbox(jax.jit(model.init)(jax.random.key(0), x, jnp.zeros((2, d["s"])), frames))
 
 
 def _perturb_params(variables, scale=0.05):
@@ -82,13 +85,12 @@ def _perturb_params(variables, scale=0.05):
   return jax.tree_util.tree_unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
-def _train_layout(model, variables, d, c2w, scale=None):
+def _train_layout(model, variables, d, c2w):
   lay = d["layout"]
   seq = jnp.concatenate([d["clip"][:, lay.clean_frames], d["noisy"]], 1)
   ts = jnp.concatenate([jnp.zeros((2, lay.num_clean)), d["t"] * flow.TIMESTEP_SCALE], 1)
-  pos = jnp.broadcast_to(jnp.asarray(lay.frame_pos), (2, d["s"]))
-  fwd = jax.jit(lambda v, c: model.apply(v, seq, ts, frame_pos=pos, mask=jnp.asarray(lay.mask)[None], cameras=c)[0])
-  return fwd(variables, _seq_cams(d, c2w, scale))[:, lay.num_clean:]
+  fwd = jax.jit(lambda v, c: model.apply(v, seq, ts, lay.frames(2, c))[0])
+  return fwd(variables, _seq_cams(d, c2w))[:, lay.num_clean:]
 
 
 def _rel(a, b):
@@ -101,8 +103,8 @@ def test_viewrope_relative_rotation_identity(rng):
   q = rng.normal(size=(1, 2, 1, d))
   k = rng.normal(size=(1, 2, 1, d))
   rot = random_rotations(rng, 2)[None]
-  qr = np.asarray(cam_lib.viewrope_rotate(jnp.asarray(q), jnp.asarray(rot), idx), np.float64)
-  kr = np.asarray(cam_lib.viewrope_rotate(jnp.asarray(k), jnp.asarray(rot), idx), np.float64)
+  qr = np.asarray(viewrope_rotate(jnp.asarray(q), jnp.asarray(rot), idx), np.float64)
+  kr = np.asarray(viewrope_rotate(jnp.asarray(k), jnp.asarray(rot), idx), np.float64)
   for i in range(2):
     for j in range(2):
       got = qr[0, i, 0, idx] @ kr[0, j, 0, idx]
@@ -148,13 +150,13 @@ def test_prope_matches_reference_formulas(rng):
   hw, n, d, h = (8, 12), 6, 16, 2
   c2w, k = random_poses(rng, 2), _intrinsics(rng, 2)
   q, kk, v = (rng.normal(size=(1, 2 * n, h, d)) for _ in range(3))
-  cam = cam_lib.camera_tensors(CameraConfig(encoding="prope", vae_stride=2), jnp.asarray(c2w[None], jnp.float32),
-                               jnp.asarray(k[None], jnp.float32), jnp.ones(1), (2, 3), (2, 2))
+  cam = PRoPE().tensors(CameraConfig(encoding="prope", vae_stride=2), jnp.asarray(c2w[None], jnp.float32),
+                        jnp.asarray(k[None], jnp.float32), (2, 3), (2, 2))
   idx = list(range(d))
-  got = dot_product_attention(cam_lib.tile_transform(jnp.asarray(q, jnp.float32), jnp.swapaxes(cam["g"], -1, -2), idx),
-                              cam_lib.tile_transform(jnp.asarray(kk, jnp.float32), cam["g_inv"], idx),
-                              cam_lib.tile_transform(jnp.asarray(v, jnp.float32), cam["g_inv"], idx))
-  got = np.asarray(cam_lib.tile_transform(got, cam["g"], idx))
+  got = dot_product_attention(tile_transform(jnp.asarray(q, jnp.float32), jnp.swapaxes(cam.g, -1, -2), idx),
+                              tile_transform(jnp.asarray(kk, jnp.float32), cam.g_inv, idx),
+                              tile_transform(jnp.asarray(v, jnp.float32), cam.g_inv, idx))
+  got = np.asarray(tile_transform(got, cam.g, idx))
   # Reference, float64.
   w, hh = hw[1], hw[0]
   ps, pinvs = [], []
@@ -212,8 +214,7 @@ def test_zero_initialised_encodings_start_as_rope3d(data, name):
 def test_streaming_equals_training_layout(data, name):
   model = WanModel(_cfg(**VARIANTS[name]))
   variables = _perturb_params(_init(model, data))
-  scale = cam_lib.trajectory_scale(jnp.asarray(data["c2w"], jnp.float32))
-  train_out = _train_layout(model, variables, data, data["c2w"], scale)
+  train_out = _train_layout(model, variables, data, data["c2w"])
   lay = data["layout"]
   cache = KVCache.empty(model.cfg, 2, NUM_FRAMES, 4)
   commit_j = jax.jit(lambda c, x, pos, cams: commit(model, variables, c, x, pos, cameras=cams))
@@ -223,8 +224,7 @@ def test_streaming_equals_training_layout(data, name):
   for c in range(ids.max() + 1):
     frames = np.flatnonzero(ids == c)
     pos = jnp.broadcast_to(jnp.asarray(frames, jnp.float32), (2, len(frames)))
-    cams = {"c2w": jnp.asarray(data["c2w"][:, frames], jnp.float32),
-            "intrinsics": jnp.asarray(data["k"][:, frames], jnp.float32), "scale": scale}
+    cams = Cameras(jnp.asarray(data["c2w"][:, frames], jnp.float32), jnp.asarray(data["k"][:, frames], jnp.float32))
     if c > 0:
       sel = np.flatnonzero(noisy_chunk == c)
       v = fwd_j(cache, data["noisy"][:, sel], data["t"][:, sel], pos, cams)
@@ -264,5 +264,5 @@ def test_bad_channel_ranges_are_rejected(enc, channels, match):
   with pytest.raises(ValueError, match=match):
     ModelConfig.from_dict({**{k: v for k, v in BASE.__dict__.items() if k != "camera"},
                            "camera": {"encoding": enc, "channels": channels}})
-  assert resolve_channels("hw_low", 128, "viewrope") == (((74, 86), (116, 128)), False)
-  assert resolve_channels("t_low", 128, "gta") == (((32, 44),), False)
+  assert resolve_channels("hw_low", 128, "viewrope", 3) == (((74, 86), (116, 128)), False)
+  assert resolve_channels("t_low", 128, "gta", 4) == (((32, 44),), False)

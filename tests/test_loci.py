@@ -1,4 +1,4 @@
-"""LOCI hybrid blocks (DESIGN §7): zero-initialised memory, retention closed forms, history
+"""LOCI hybrid blocks (docs/design.md §7): zero-initialised memory, retention closed forms, history
 reaching hybrid blocks only through the memory, streaming == training layout, denoising leaves
 the committed state untouched, training in both layouts."""
 
@@ -12,7 +12,10 @@ import pytest
 
 from conftest import random_poses, tiny_config, train_steps
 from jaxwm.diffusion import flow
+from jaxwm.encodings.gta import TileTensors
+from jaxwm.models.conditioning import Cameras
 from jaxwm.models.config import CameraConfig, LociConfig, ModelConfig
+from jaxwm.models.layer_stacks import join_layers
 from jaxwm.models.loci import MemoryPlan
 from jaxwm.models.transformer import WanModel
 from jaxwm.sampling.streaming import KVCache, chunk_forward, commit, denoise
@@ -40,14 +43,13 @@ def data():
           "t": jnp.asarray(rng.uniform(0.1, 0.9, size=(2, len(lay.noisy_frames))), jnp.float32)}
 
 
-def _apply_fn(model, lay, d):
+def _frames(lay, d):
   idx = lay.frame_pos.astype(int)
-  cams = {"c2w": d["c2w"][:, idx], "intrinsics": d["k"][:, idx]}
-  kw = dict(frame_pos=jnp.broadcast_to(jnp.asarray(lay.frame_pos), (2, len(idx))), mask=jnp.asarray(lay.mask)[None],
-            local=jnp.asarray(lay.local)[None], cameras=cams)
-  if model.cfg.loci.enabled:
-    kw["memory_plan"] = MemoryPlan.make(lay.chunk, lay.writer)
-  return lambda variables, seq, ts: model.apply(variables, seq, ts, **kw)
+  return lay.frames(2, Cameras(d["c2w"][:, idx], d["k"][:, idx]))
+
+
+def _apply_fn(model, lay, d):
+  return lambda variables, seq, ts: model.apply(variables, seq, ts, _frames(lay, d))
 
 
 def _seq(d):
@@ -60,24 +62,16 @@ def _seq(d):
 def _init(model, d):
   seq, ts = _seq(d)
   fn = _apply_fn(model, d["layout"], d)
-  return nn.unbox(jax.jit(lambda k: model.init(k, seq, ts, **_init_kwargs(model, d)))(jax.random.key(0))), fn
-
-
-def _init_kwargs(model, d):
-  lay = d["layout"]
-  idx = lay.frame_pos.astype(int)
-  kw = dict(frame_pos=jnp.asarray(lay.frame_pos)[None], mask=jnp.asarray(lay.mask)[None],
-            local=jnp.asarray(lay.local)[None], cameras={"c2w": d["c2w"][:, idx], "intrinsics": d["k"][:, idx]})
-  if model.cfg.loci.enabled:
-    kw["memory_plan"] = MemoryPlan.make(lay.chunk, lay.writer)
-  return kw
+  return nn.unbox(jax.jit(lambda k: model.init(k, seq, ts, _frames(d["layout"], d)))(jax.random.key(0))), fn
 
 
 def _with_gate(variables, value=0.3):
-  p = jax.tree_util.tree_map(lambda x: x, variables)
-  blocks = dict(p["params"]["blocks"])
-  blocks["mem_gate"] = jnp.full_like(blocks["mem_gate"], value)
-  return {"params": {**p["params"], "blocks": blocks}}
+  """Every hybrid stack's memory gate set to ``value``."""
+  params = dict(variables["params"])
+  for name, stack in params.items():
+    if isinstance(stack, dict) and "mem_gate" in stack:
+      params[name] = {**stack, "mem_gate": jnp.full_like(stack["mem_gate"], value)}
+  return {"params": params}
 
 
 def test_at_init_a_single_chunk_equals_the_plain_backbone(data):
@@ -89,14 +83,15 @@ def test_at_init_a_single_chunk_equals_the_plain_backbone(data):
                             writer=np.ones(2, bool))
   d = {**data, "layout": lay}
   seq, ts = data["noisy"][:, :2], data["t"][:, :2] * flow.TIMESTEP_SCALE
-  variables = nn.unbox(jax.jit(lambda k: hybrid.init(k, seq, ts, **_init_kwargs(hybrid, d)))(jax.random.key(0)))
-  plain_vars = {"params": {**variables["params"], "blocks": {
-      k: v for k, v in variables["params"]["blocks"].items() if k not in ("memory", "mem_gate")}}}
+  variables = nn.unbox(jax.jit(lambda k: hybrid.init(k, seq, ts, _frames(lay, d)))(jax.random.key(0)))
+  assert sorted(k for k in variables["params"] if k.startswith("blocks")) == ["blocks_0_1", "blocks_1_2", "blocks_2_3"]
+  assert "memory" not in variables["params"]["blocks_0_1"]  # plain blocks carry no memory parameters
+  plain_vars = {"params": join_layers(variables["params"], hybrid.cfg)}
   out_h, entries = _apply_fn(hybrid, lay, d)(variables, seq, ts)
   out_p, _ = _apply_fn(plain, lay, d)(plain_vars, seq, ts)
   np.testing.assert_allclose(out_h, out_p, atol=1e-6)
-  assert float(jnp.abs(entries["mem"][1]).max()) > 0  # the hybrid block did write
-  assert float(jnp.abs(entries["mem"][0]).max()) == 0  # plain blocks keep no state
+  assert entries.mem.shape[0] == 1 and float(jnp.abs(entries.mem).max()) > 0  # the hybrid block did write
+  assert entries.keys["k"].shape[0] == 2  # plain blocks keep keys, the hybrid one does not
 
 
 def test_history_reaches_all_hybrid_blocks_only_through_the_memory(data):
@@ -123,7 +118,7 @@ def test_retention_closed_forms():
   mem = loci.RecurrentMemory(cfg, MemoryPlan.make([1, 1], [True, True]))
   b, n, h, d = 1, 3, cfg.num_heads, cfg.head_dim
   y = jax.random.normal(jax.random.key(0), (b, 2 * n, cfg.dim))
-  cam = {"g": jnp.broadcast_to(jnp.eye(4), (b, 2 * n, 4, 4)), "g_inv": jnp.broadcast_to(jnp.eye(4), (b, 2 * n, 4, 4))}
+  cam = TileTensors(jnp.broadcast_to(jnp.eye(4), (b, 2 * n, 4, 4)), jnp.broadcast_to(jnp.eye(4), (b, 2 * n, 4, 4)))
   rope = jnp.zeros((b, 2 * n, d // 2))
   s0 = jax.random.normal(jax.random.key(1), (b, h, d, d))
   params = nn.unbox(mem.init(jax.random.key(2), y, cam, rope, s0))["params"]
@@ -156,22 +151,22 @@ def test_streaming_equals_training_layout_and_denoising_keeps_the_state(data, tm
   for c in range(ids.max() + 1):
     frames = np.flatnonzero(ids == c)
     p = jnp.broadcast_to(jnp.asarray(frames, jnp.float32), (2, len(frames)))
-    cams = {"c2w": data["c2w"][:, frames], "intrinsics": data["k"][:, frames]}
+    cams = Cameras(data["c2w"][:, frames], data["k"][:, frames])
     if c > 0:
       sel = np.flatnonzero(noisy_chunk == c)
       v = fwd_j(cache, data["noisy"][:, sel], data["t"][:, sel], p, cams)
       np.testing.assert_allclose(v, train_out[:, lay.num_clean + sel], atol=2e-5, rtol=1e-5)
-      state = np.asarray(cache.aux["mem"])
+      state = np.asarray(cache.mem)
       denoise(model, variables, cache, data["noisy"][:, sel], p, flow.sampling_schedule(2, 1.0), cameras=cams)
-      np.testing.assert_array_equal(cache.aux["mem"], state)  # denoising never writes the state
-    before = np.asarray(cache.aux["mem"])
+      np.testing.assert_array_equal(cache.mem, state)  # denoising never writes the state
+    before = np.asarray(cache.mem)
     cache = commit_j(cache, data["clip"][:, frames], p, cams)
-    assert float(np.abs(np.asarray(cache.aux["mem"][1]) - before[1]).max()) > 0  # the commit does
+    assert float(np.abs(np.asarray(cache.mem[0]) - before[0]).max()) > 0  # the commit does
   # The recurrent state travels with the rest of the sampler's cache.
   restored = KVCache.load(cache.save(tmp_path / "cache.npz"))
   for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(cache)):
     np.testing.assert_array_equal(a, b)
-  assert set(restored.aux) == {"mem"}
+  assert restored.mem is not None and restored.keys["k"].shape[0] == 2  # keys of the 2 softmax layers only
 
 
 @pytest.mark.parametrize("layout", ["diffusion_forcing"])  # teacher forcing: the streaming test above
@@ -181,7 +176,7 @@ def test_tiny_hybrid_model_trains(layout, tmp_path):
   c.recipe.layout = layout
   _, state, losses = train_steps(c, tmp_path)
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-  assert float(jnp.abs(state.params["blocks"]["mem_gate"]).max()) > 0  # the gate learns
+  assert float(jnp.abs(state.params["blocks_1_2"]["mem_gate"]).max()) > 0  # the gate learns
 
 
 def test_diffusion_forcing_layout_by_hand():

@@ -1,4 +1,4 @@
-"""Memory policies (DESIGN §8): landmark admission/eviction/retrieval on hand-worked
+"""Memory policies (docs/design.md §8): landmark admission/eviction/retrieval on hand-worked
 trajectories, panorama coverage against brute-force counting and its rules, and every policy
 equal to the full cache while the history fits; bounded rollouts compile once."""
 
@@ -159,8 +159,10 @@ def _sampler(max_frames):
                     camera=CameraConfig(encoding="viewrope"))
   model = WanModel(cfg)
   x = jnp.zeros((1, 1, 4, 4, 12))
-  cams = {"c2w": jnp.eye(4)[None, None], "intrinsics": jnp.asarray(K, jnp.float32)[None, None]}
-  variables = nn.unbox(jax.jit(lambda k: model.init(k, x, jnp.zeros((1, 1)), cameras=cams))(jax.random.key(0)))
+  from jaxwm.models.conditioning import Cameras, Frames  # pylint: disable=g-import-not-at-top
+  cams = Cameras(jnp.eye(4)[None, None], jnp.asarray(K, jnp.float32)[None, None])
+  frames = Frames.sequence(1, 1, cameras=cams)
+  variables = nn.unbox(jax.jit(lambda k: model.init(k, x, jnp.zeros((1, 1)), frames))(jax.random.key(0)))
   return StreamingSampler(model, variables, batch_size=1, max_frames=max_frames, latent_hw=(4, 4), channels=12,
                           num_steps=2)
 

@@ -32,8 +32,7 @@ def setup():
   clip = jnp.asarray(rng.normal(size=(2, NUM_FRAMES, *HW, CFG.in_channels)), jnp.float32)
   noisy = jnp.asarray(rng.normal(size=(2, len(layout.noisy_frames), *HW, CFG.in_channels)), jnp.float32)
   t = jnp.asarray(rng.uniform(0.1, 0.9, size=(2, len(layout.noisy_frames))), jnp.float32)
-  fwd = jax.jit(lambda v, seq, ts: model.apply(v, seq, ts, frame_pos=jnp.broadcast_to(
-      jnp.asarray(layout.frame_pos), (2, s)), mask=jnp.asarray(layout.mask)[None])[0])
+  fwd = jax.jit(lambda v, seq, ts: model.apply(v, seq, ts, layout.frames(2))[0])
   return model, layout, variables, clip, noisy, t, fwd
 
 
@@ -155,7 +154,7 @@ def test_classifier_free_guidance():
   xg, cache = g.generate(g.start(x), key, 2)
   vc, vu = z - xc, z - xu
   np.testing.assert_allclose(xg, z - (vu + 4.0 * (vc - vu)), atol=1e-4)
-  assert cache.k.shape[1] == 2  # one cache row per branch
+  assert cache.keys["k"].shape[1] == 2  # one cache row per branch
   with pytest.raises(ValueError, match="guidance"):
     StreamingSampler(WanModel(CFG), variables, batch_size=1, max_frames=3, latent_hw=HW, channels=12, guidance=2.0)
 
@@ -212,11 +211,10 @@ def test_remat_policies_give_the_same_gradients(setup):
   _, layout, variables, clip, noisy, t, _ = setup
   seq = jnp.concatenate([clip[:, layout.clean_frames], noisy], 1)
   ts = jnp.concatenate([jnp.zeros((2, layout.num_clean)), t * flow.TIMESTEP_SCALE], 1)
-  pos = jnp.broadcast_to(jnp.asarray(layout.frame_pos), (2, seq.shape[1]))
   grads = []
   for policy in ("none", "full", "dots_saveable"):
     m = WanModel(ModelConfig(**{**CFG.__dict__, "remat": policy}))
-    loss = lambda v, m=m: jnp.sum(m.apply(v, seq, ts, frame_pos=pos, mask=jnp.asarray(layout.mask)[None])[0] ** 2)
+    loss = lambda v, m=m: jnp.sum(m.apply(v, seq, ts, layout.frames(2))[0] ** 2)
     grads.append(jax.jit(jax.grad(loss))(variables))
   for g in grads[1:]:
     for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(grads[0])):

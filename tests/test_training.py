@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
+from jaxwm.checkpoint import Checkpointer
 from jaxwm.data.procedural import ProceduralClips
+from jaxwm.data.window import ClipWindow
 from jaxwm.training import sharding as sh
-from jaxwm.training.checkpoint import Checkpointer
 from jaxwm.training.config_utils import check_overrides
-from jaxwm.training.data import ClipWindow
 from jaxwm.training.loop import NonFiniteLossError, Trainer, run
 
 

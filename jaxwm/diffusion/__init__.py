@@ -1,1 +1,1 @@
-"""Flow-matching diffusion (DESIGN §9)."""
+"""Flow-matching diffusion (docs/design.md §9)."""

@@ -1,4 +1,4 @@
-"""Rectified flow matching (DESIGN §9).
+"""Rectified flow matching (docs/design.md §9).
 
 ``x_t = (1 - t) x0 + t eps``, velocity target ``eps - x0``; sampling integrates
 ``dx/dt = v`` from ``t = 1`` to ``0`` with Euler steps on the shifted schedule

@@ -1,9 +1,9 @@
-"""Camera encodings: transforms of q, k (and for some v and the output) on a channel range.
+"""Camera encodings: transforms of head-channel ranges of q, k, v and the attention output.
 
-``rope3d`` (the Wan baseline) lives here; the camera encodings of the papers plug into the
-same place of the attention (DESIGN §4).
+One file per encoding (``viewrope``, ``gta``, ``prope``, ``mrope``, ``worldrope``; ``rope3d`` is
+the backbone RoPE alone), each a :class:`jaxwm.encodings.base.CameraEncoding`, listed in
+``jaxwm.encodings.registry``. docs/design.md §4 has the maths.
 """
 
+from jaxwm.encodings.registry import ENCODINGS, get_encoding, register_encoding
 from jaxwm.encodings.rope3d import apply_rotary, rope3d_angles, rope_axis_dims, rope_frequencies
-
-ENCODINGS = ("rope3d",)

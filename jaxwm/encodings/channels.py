@@ -1,4 +1,4 @@
-"""Channel placements of the camera encodings within a head (ViewRope Table 5, DESIGN §4).
+"""Channel placements of the camera encodings within a head (ViewRope Table 5, docs/design.md §4).
 
 A placement is a list of ``[start, end)`` ranges of head channels. Named placements, for a
 head of ``D`` channels split ``[t | h | w]`` by the backbone RoPE:
@@ -13,16 +13,15 @@ head of ``D`` channels split ``[t | h | w]`` by the backbone RoPE:
 from jaxwm.encodings.rope3d import rope_axis_dims
 
 PLACEMENTS = ("t_low", "hw_low", "hw_low_replace", "all", "hw")
-UNITS = {"viewrope": 3, "gta": 4, "prope": 4, "mrope": 4, "worldrope": 2}
 
 
-def resolve_channels(channels, head_dim, encoding):
-  """Placement name or explicit ranges -> ``(ranges, replace_rope)``, validated.
+def resolve_channels(channels, head_dim, encoding, unit):
+  """Placement name or explicit ranges -> ``(ranges, replace_rope)``, validated; ``unit`` is the
+  encoding's channels per transform (every range is a multiple of it).
 
   Raises:
     ValueError: naming the encoding, the ranges and the reason when they do not fit.
   """
-  unit = UNITS.get(encoding, 1)
   t, h, _ = rope_axis_dims(head_dim)
   replace = False
   if isinstance(channels, str):
@@ -56,9 +55,6 @@ def resolve_channels(channels, head_dim, encoding):
     raise ValueError(f"model.camera.channels ranges {ranges} overlap")
   if not flat:
     raise ValueError("model.camera.channels selects no channel")
-  if encoding == "worldrope" and (min(flat) < t or any(s % 2 for s, _ in ranges)):
-    raise ValueError(f"model.camera.channels {ranges} for 'worldrope' must be whole h/w RoPE pairs (channels >= {t}); "
-                     "use 'hw'")
   return tuple(ranges), replace
 
 

@@ -1,4 +1,4 @@
-"""Wan's 3D RoPE (DESIGN §4): head dim split ``[t | h | w]``, pairs interleaved.
+"""Wan's 3D RoPE (docs/design.md §4): head dim split ``[t | h | w]``, pairs interleaved.
 
 For head dim ``D``: ``h = w = 2 * (D // 6)`` channels, ``t = D - 2h``; per-axis frequencies
 ``1 / theta^(2i / dim_axis)``; a pair ``(x0, x1)`` at angle ``a`` becomes
@@ -45,3 +45,4 @@ def apply_rotary(x, angles):
   x0, x1 = xf[..., 0], xf[..., 1]
   out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1)
   return out.reshape(x.shape).astype(x.dtype)
+

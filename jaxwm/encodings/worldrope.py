@@ -1,5 +1,5 @@
 """WorldRoPE's expected rotary factor (WorldRoPE §3; the paper's equations are missing from
-its text, so this follows the project's reading in DESIGN §4).
+its text, so this follows the project's reading in docs/design.md §4).
 
 A key token carries ``M`` depth hypotheses (weights ``alpha``, depths ``mu``, spreads
 ``sigma``). Each is a world-space Gaussian: centre ``X = o + mu R K^-1 [u, v, 1]`` and covariance
@@ -13,14 +13,22 @@ a rotary frequency ``w`` (a 2-vector in token-grid units) has the expected facto
 one complex number per channel pair: a rotation scaled by an attenuation. With every
 covariance -> 0 and ``M = 1`` it is the ordinary rotation at the projected point.
 
-In attention (``jaxwm.models.transformer.Attention``) keys keep only the temporal RoPE; a
+In attention (:class:`WorldRoPE`, called by ``jaxwm.models.attention``) keys keep only the temporal RoPE; a
 linear head on each key token's input gives its hypotheses; for every query frame the keys'
 h/w pairs are multiplied by their expected factor in that view (:func:`transform_keys`) and
 each query frame attends with its own keys (:func:`per_view_attention`). The KV cache keeps
 the pre-transform keys and each key's Gaussians.
 """
 
+import flax
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
+
+from jaxwm.encodings.base import CameraEncoding, per_token
+from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims, rope_frequencies
+from jaxwm.geometry.cameras import token_pixel_centers
 
 
 def unproject_gaussians(uv, mu, sigma, intrinsics, c2w, patch_pixels):
@@ -113,8 +121,6 @@ def hw_frequencies(head_dim, pair_idx, theta=10000.0, mixed=False):
   The backbone's h pairs rotate with the row (``v``) and w pairs with the column (``u``);
   ``mixed`` keeps each pair's magnitude and turns it to a golden-angle direction.
   """
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from jaxwm.encodings.rope3d import rope_axis_dims, rope_frequencies  # pylint: disable=g-import-not-at-top
   t, h, w = rope_axis_dims(head_dim)
   fh, fw = rope_frequencies(h, theta), rope_frequencies(w, theta)
   out = []
@@ -148,12 +154,7 @@ def key_gaussians(raw, uv, intrinsics, c2w, patch_pixels, depth_init):
   sigma = jnp.exp(log_s - 1.0)
   mean, cov = unproject_gaussians(jnp.broadcast_to(uv, raw.shape[:2] + (2,)), mu, sigma, intrinsics, c2w,
                                   patch_pixels)
-  return {"mean": mean, "cov": cov, "alpha": jax_softmax(logits)}
-
-
-def jax_softmax(x):
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.nn.softmax(x, axis=-1)
+  return {"mean": mean, "cov": cov, "alpha": jax.nn.softmax(logits, axis=-1)}
 
 
 def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token):
@@ -192,7 +193,6 @@ def per_view_attention(q, k_views, v, mask, tokens_per_frame):
   Returns:
     ``[B, Fq * N, H, D]``.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   b, lq, h, d = q.shape
   fq = k_views.shape[1]
   qf = q.reshape(b, fq, tokens_per_frame, h, d)
@@ -202,3 +202,69 @@ def per_view_attention(q, k_views, v, mask, tokens_per_frame):
     logits = jnp.where(mask[:, None] if mask.ndim == 3 else mask, logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v).astype(q.dtype)
+
+
+@flax.struct.dataclass
+class WorldRopeTensors:
+  """Key tokens' pixel centres ``uv [S*N, 2]``, cameras ``key_c2w [B, S*N, 4, 4]``, ``key_k [B, S*N, 3, 3]``;
+  the query frames' ``q_c2w [B, S, 4, 4]`` and ``q_k [B, S, 3, 3]``."""
+  uv: jax.Array
+  key_c2w: jax.Array
+  key_k: jax.Array
+  q_c2w: jax.Array
+  q_k: jax.Array
+
+
+class WorldRoPE(CameraEncoding):
+  """WorldRoPE: keys carry depth Gaussians and are rotated per query view by the expected factor."""
+  name = "worldrope"
+  unit = 2
+  per_view_keys = True
+  _GAUSS = ("mean", "cov", "alpha")
+
+  def check(self, cfg):
+    from jaxwm.encodings.channels import channel_index, resolve_channels  # pylint: disable=g-import-not-at-top
+    t = rope_axis_dims(cfg.head_dim)[0]
+    ranges, _ = resolve_channels(cfg.camera.channels, cfg.head_dim, self.name, self.unit)
+    if min(channel_index(ranges)) < t or any(s % 2 for s, _ in ranges):
+      raise ValueError(f"model.camera.channels {list(ranges)} for 'worldrope' must be whole h/w RoPE pairs "
+                       f"(channels >= {t}); use 'hw'")
+
+  def tensors(self, cam_cfg, c2w, intrinsics, grid_hw, patch_hw):
+    n = grid_hw[0] * grid_hw[1]
+    uv = token_pixel_centers(grid_hw, patch_hw, (cam_cfg.vae_stride,) * 2, xp=jnp).reshape(n, 2)
+    k = intrinsics.astype(jnp.float32)
+    return WorldRopeTensors(jnp.tile(uv, (c2w.shape[1], 1)), per_token(c2w, n), per_token(k, n), c2w, k)
+
+  def cache_entries(self, cfg):
+    m = cfg.camera.hypotheses
+    return {"wr_mean": ((m, 3), jnp.float32), "wr_cov": ((m, 3, 3), jnp.float32), "wr_alpha": ((m,), jnp.float32)}
+
+  def attend(self, cfg, x, q, k, v, queries, cached, cache_kv, mask, plan):
+    """Per-view attention of queries ``q [B, L, H, D]`` (raw) over own keys ``k, v`` and the cache.
+
+    ``queries`` / ``cached``: :class:`jaxwm.encodings.base.Encoded` of the query frames and cached
+    frames; ``cache_kv``: the cached raw keys, values and Gaussians (or None); ``mask``: token
+    mask ``[B, (H,) Lq, Lk]`` or None. Called inside the attention layer's scope (creates its depth
+    head). Returns ``(out [B, L, H, D], own per-key entries)``.
+    """
+    cc, cam = cfg.camera, queries.cam
+    keep = jnp.asarray(~plan.pair_mask, jnp.float32)
+    q = apply_rotary(q, queries.rope)
+    m = cc.hypotheses
+    raw = nn.Dense(3 * m, name="depth_head", kernel_init=nn.with_logical_partitioning(
+        nn.initializers.zeros_init(), ("embed", None)), bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros_init(), (None,)))(x.astype(jnp.float32))
+    pixels = cfg.patch_size[1] * cc.vae_stride
+    gauss = key_gaussians(raw, cam.uv, cam.key_k, cam.key_c2w, pixels,
+                          jnp.linspace(cc.depth_range[0], cc.depth_range[1], m))
+    own = {"k": k, "v": v, **{f"wr_{name}": gauss[name] for name in self._GAUSS}}
+    keys = dict(own, k=apply_rotary(k, queries.rope * keep))  # keys: time RoPE only, at their positions
+    if cache_kv is not None:
+      old = dict(cache_kv, k=apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep))
+      keys = {name: jnp.concatenate([old[name].astype(a.dtype), a], axis=1) for name, a in keys.items()}
+    pairs = sorted({c // 2 for c in plan.idx})
+    freqs = hw_frequencies(cfg.head_dim, pairs, cfg.rope_theta, cc.mixed_frequencies)
+    k_views = transform_keys(keys["k"], {n: keys[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs, pairs,
+                             pixels)
+    return per_view_attention(q, k_views, keys["v"], mask, q.shape[1] // cam.q_k.shape[1]), own

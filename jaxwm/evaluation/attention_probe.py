@@ -20,14 +20,15 @@ def attention_weights(model, variables, latents, cameras, query_frame, chunk_siz
     key: PRNG key for the noise and random frame selections.
 
   Returns:
-    dict: ``weights [L, N, Fk, N]`` (query token, key sequence frame, key token), ``key_frames [Fk]``
+    dict: ``weights [L, N, Fk, N]`` over the softmax layers (LOCI hybrid layers have no history
+    softmax) (query token, key sequence frame, key token), ``key_frames [Fk]``
     (clip frame of each key position), ``history [Fk]`` bool, ``selected`` (``[L, k]`` history
     frames of frame-sparse models, else None).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jaxwm.diffusion import flow  # pylint: disable=g-import-not-at-top
-  from jaxwm.models.loci import MemoryPlan  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.conditioning import Cameras  # pylint: disable=g-import-not-at-top
   from jaxwm.training.layout import teacher_forcing_layout  # pylint: disable=g-import-not-at-top
 
   key = jax.random.key(0) if key is None else key
@@ -43,22 +44,27 @@ def attention_weights(model, variables, latents, cameras, query_frame, chunk_siz
   noisy = flow.noise(lat, eps, jnp.float32(t))
   seq = jnp.concatenate([lat[:, lay.clean_frames], noisy[:, lay.noisy_frames]], axis=1)
   ts = jnp.where(jnp.asarray(lay.noisy), t * flow.TIMESTEP_SCALE, 0.0)[None]
-  cams = {k: jnp.asarray(cameras[k])[:, seq_frames] for k in ("c2w", "intrinsics")}
-  plan = MemoryPlan.make(lay.chunk, lay.writer) if model.cfg.loci.enabled else None
-  (_, entries), state = model.apply(
-      variables, seq, ts, frame_pos=jnp.asarray(lay.frame_pos)[None], mask=jnp.asarray(lay.mask)[None],
-      cameras=cams, local=jnp.asarray(lay.local)[None], memory_plan=plan, mutable=["intermediates"],
-      rngs={"frame_select": jax.random.fold_in(key, 1)})
-  (w,) = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state["intermediates"])
-          if "attn_weights" in jax.tree_util.keystr(path)]
+  cams = Cameras.of(cameras).frames(seq_frames)
+  (_, entries), state = model.apply(variables, seq, ts, lay.frames(1, cams), mutable=["intermediates"],
+                                    rngs={"frame_select": jax.random.fold_in(key, 1)})
+  groups = state["intermediates"]  # one entry per stack of softmax layers, in layer order
+  w = jnp.concatenate([leaf for name in sorted(groups, key=_layer_start)
+                       for path, leaf in jax.tree_util.tree_leaves_with_path(groups[name])
+                       if "attn_weights" in jax.tree_util.keystr(path)])
   n = w.shape[-1] // len(seq_frames)
   w = np.asarray(w[:, 0, p * n:(p + 1) * n]).reshape(w.shape[0], n, len(seq_frames), n)
   local = lay.local[p][lay.local[p] >= 0]
   history = lay.mask[p].copy()
   history[local] = False
-  sel = entries.get("selected")
+  sel = entries.selected
   return {"weights": w, "key_frames": seq_frames, "history": history,
           "selected": None if sel is None else np.asarray(sel[:, 0, p])}
+
+
+def _layer_start(name):
+  """``blocks`` -> 0, ``blocks_<start>_<end>`` -> start (the order of the layer stacks)."""
+  parts = name.split("_")
+  return int(parts[1]) if len(parts) == 3 else 0
 
 
 def covisible_share(probe, depth, c2w, intrinsics, query_frame, grid_hw):

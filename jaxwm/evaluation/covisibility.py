@@ -1,5 +1,5 @@
 """Token-level co-visibility from ground-truth depth and the attention mass on co-visible history
-(LOCI App. B, DESIGN §10). Measurement only: depth never reaches the model.
+(LOCI App. B, docs/design.md §10). Measurement only: depth never reaches the model.
 
 Query token ``q`` (a patch of frame ``i``) and key token ``k`` (a patch of frame ``j``) are
 co-visible when some surface point seen in ``q``'s patch projects into ``k``'s patch of frame

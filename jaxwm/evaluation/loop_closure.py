@@ -77,34 +77,24 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jaxwm.data.procedural import ProceduralClips  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation import attention_probe  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation import lpips as lp  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation.metrics import psnr, ssim  # pylint: disable=g-import-not-at-top
   from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
   from jaxwm.models import vae  # pylint: disable=g-import-not-at-top
-  from jaxwm.sampling import StreamingSampler  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.data import ClipWindow  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling import clips as clips_lib  # pylint: disable=g-import-not-at-top
 
-  if family not in ("loops", "palindrome"):
-    raise ValueError(f"family must be 'loops' or 'palindrome'; got {family!r}")
+  if family not in clips_lib.EVAL_FAMILIES:
+    raise ValueError(f"family must be one of {clips_lib.EVAL_FAMILIES}; got {family!r}")
   d = config.data
   frames_n, stride, chunk = num_frames or d.num_frames, frame_stride or d.frame_stride, config.recipe.chunk_size
-  src = ProceduralClips("eval", num_clips=clips, num_frames=(frames_n - 1) * stride + 1,
-                        image_hw=(d.render_size, d.render_size), family=family)
   grid = (d.image_size // d.latent_stride // model.cfg.patch_size[1], d.image_size // d.latent_stride //
           model.cfg.patch_size[2])
-  sampler = None
+  sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps)  # shared by all clips
   rows = []
   for i in range(clips):
-    clip = src[i]
-    w = ClipWindow(frames_n, stride, d.image_size).random_map(clip, np.random.default_rng(0))
-    gt = w["frames"]
-    lat0 = vae.encode(jnp.asarray(gt[:1])[None], d.latent_stride)
-    if sampler is None:
-      sampler = StreamingSampler(model, variables, batch_size=1, max_frames=frames_n, latent_hw=lat0.shape[2:4],
-                                 channels=lat0.shape[-1], num_steps=steps or config.sample.num_steps,
-                                 shift=config.sample.shift)
+    w = clips_lib.eval_clip(config, i, num_frames=frames_n, frame_stride=stride, family=family)
+    gt, ret, clip = w["frames"], w["return_frame"], w["meta"]["source"]
     cams = {"c2w": jnp.asarray(w["c2w"])[None], "intrinsics": jnp.asarray(w["intrinsics"])[None]}
     policy = make_policy(memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(d.image_size, d.image_size),
                          **(memory_kwargs or {}))
@@ -113,10 +103,8 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
     def record(c, _, policy=policy, attended=attended):
       attended[c + 1] = list(policy.resident())
 
-    out = sampler.rollout(lat0, frames_n, chunk, jax.random.key(seed + i), cams, memory=policy, callback=record)
-    video = np.asarray(vae.to_uint8(vae.decode(out[0], d.latent_stride)))
-    r = int(clip["return_frame"])
-    ret = r // stride if r >= 0 and r % stride == 0 and r // stride < frames_n else -1
+    video = clips_lib.stream_clip(model, variables, config, w, key=jax.random.key(seed + i), memory=policy,
+                                  callback=record, sampler=sampler)
     row = {"clip": i, "family": family, "axes": str(clip["axes"]), "magnitude": float(clip["magnitude_deg"]),
            "return_frame": ret, "psnr": float(np.mean(psnr(video[1:], gt[1:]))),
            "ssim": float(np.mean(ssim(video[1:], gt[1:])))}
@@ -188,25 +176,31 @@ def figures(out, results, family):
       tag = name.replace(" ", "_").replace("=", "")
       paths.append(plots.heat_map(f"{out}_{tag}_attention.png", mass, row_labels=[f"layer {l}" for l in
                                                                                  range(len(mass))],
-                                  col_labels=pf["key_frames"], title=f"{name}: return-frame attention on history"))
+                                  col_labels=pf["key_frames"], title=f"{name}: return-frame attention on history",
+                                  xlabel="history (key) frame", ylabel="layer", cbar_label="attention mass / row max",
+                                  nan_label="not in history"))
       if pf["selected"] is not None:  # frame-sparse: the return frame's selection per layer (ViewRope Fig. 3)
         from jaxwm.evaluation.selection_plot import save_selection_maps  # pylint: disable=g-import-not-at-top
         sel = np.asarray(pf["selected"])[:, None]
         paths.append(save_selection_maps(f"{out}_{tag}_selection.png", sel, len(pf["key_frames"]),
-                                         history=np.asarray(pf["history"])[None], cell=12))
+                                         history=np.asarray(pf["history"])[None], key_labels=pf["key_frames"],
+                                         title=f"{name}: return-frame selection", cell=12))
   return paths
 
 
 def main(argv=None):
+  from jaxwm.memory import POLICIES  # pylint: disable=g-import-not-at-top
+  from jaxwm.ops.frame_sparse import SELECTION_MODES  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.clips import EVAL_FAMILIES  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint", required=True, help="training workdir or checkpoint directory")
   p.add_argument("--clips", type=int, default=35)
-  p.add_argument("--family", default="loops", choices=["loops", "palindrome"])
+  p.add_argument("--family", default="loops", choices=EVAL_FAMILIES)
   p.add_argument("--lpips", help="LPIPS weights (.npz from `python -m jaxwm.evaluation.lpips`)")
-  p.add_argument("--memory", default="full", help="comma list of full, window, landmark, panorama")
+  p.add_argument("--memory", default="full", help=f"comma list of {', '.join(POLICIES)}")
   p.add_argument("--memory-kwargs", default="{}",
                  help='JSON per policy, e.g. \'{"window": {"window": 4}, "landmark": {"recent": 1}}\'')
-  p.add_argument("--selection", help="comma list of topk, random, exclude_selected (frame-sparse models)")
+  p.add_argument("--selection", help=f"comma list of {', '.join(SELECTION_MODES)} (frame-sparse models)")
   p.add_argument("--top-k", help="comma list of ints (frame-sparse models)")
   p.add_argument("--probe", action="store_true", help="co-visible attention share (loops)")
   p.add_argument("--figures", action="store_true")
@@ -215,7 +209,6 @@ def main(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="results/loop_closure")
   a = p.parse_args(argv)
-  from jaxwm.memory import POLICIES  # pylint: disable=g-import-not-at-top
   from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
   memories = _list(a.memory)
@@ -227,9 +220,9 @@ def main(argv=None):
   except json.JSONDecodeError as e:
     p.error(f"--memory-kwargs is not JSON: {e}")
   selections, top_ks = _list(a.selection), _list(a.top_k, int)
-  bad = [s for s in selections if s not in (None, "topk", "random", "exclude_selected")]
+  bad = [s for s in selections if s is not None and s not in SELECTION_MODES]
   if bad:
-    p.error(f"--selection {bad[0]!r} is not one of topk, random, exclude_selected")
+    p.error(f"--selection {bad[0]!r} is not one of {SELECTION_MODES}")
   config, model, variables, step = load_model(a.checkpoint)
   if (a.selection or a.top_k) and not model.cfg.attention.sparse:
     p.error("--selection/--top-k need a frame-sparse model (model.attention.sparsity != dense)")

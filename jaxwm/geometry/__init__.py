@@ -1,4 +1,4 @@
-"""Camera geometry (DESIGN §3). See each module's docstring for conventions and equations.
+"""Camera geometry (docs/design.md §3). See each module's docstring for conventions and equations.
 
 - ``rotations``: axis-angle, minimal z-to-ray rotation, geodesic angle, SE(3), slerp, Euler ZYX.
 - ``cameras``: token rays (ViewRope Eq. 5), ViewRope rotations (Eq. 6), Plücker, PRoPE.

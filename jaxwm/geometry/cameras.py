@@ -2,7 +2,7 @@
 ViewRope rotations (Eq. 6), Plücker maps (ReWorld §2.2), PRoPE projection matrices, and
 re-anchoring on the first frame.
 
-Conventions (DESIGN §1, §3): OpenCV camera basis (x right, y down, z forward); ``c2w`` is
+Conventions (docs/design.md §1, §3): OpenCV camera basis (x right, y down, z forward); ``c2w`` is
 ``[..., 4, 4]`` camera-to-world; ``intrinsics`` ``[..., 3, 3]`` in pixels of the frame the
 camera was recorded at. Continuous pixel coordinates put the centre of pixel ``(i, j)``
 (row, column) at ``(u, v) = (j + 0.5, i + 0.5)``, so a centred principal point is

@@ -1,4 +1,4 @@
-"""Bounded-memory streaming (DESIGN §8): which earlier frames each new chunk attends to.
+"""Bounded-memory streaming (docs/design.md §8): which earlier frames each new chunk attends to.
 
 ``full`` (everything), ``window`` (sink + sliding window), ``landmark`` (ReWorld's pose-indexed
 landmark bank) and ``panorama`` (LOCI's coverage bank). ``make_policy(name, ...)`` builds one.

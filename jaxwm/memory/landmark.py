@@ -1,4 +1,4 @@
-"""ReWorld's landmark memory (ReWorld §2.3, Eq. 3; DESIGN §8), at chunk granularity.
+"""ReWorld's landmark memory (ReWorld §2.3, Eq. 3; docs/design.md §8), at chunk granularity.
 
 The cache holds the sink chunk, the ``recent`` latest chunks and ``retrieved`` landmarks. A
 chunk leaving the recent window enters the bank if the camera has travelled at least

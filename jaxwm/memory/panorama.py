@@ -1,4 +1,4 @@
-"""LOCI's panorama memory (LOCI App. A; DESIGN §8), at frame granularity.
+"""LOCI's panorama memory (LOCI App. A; docs/design.md §8), at frame granularity.
 
 Retained: the sink (frame 0), a bank of at most ``bank_size`` frames and the ``recent`` latest
 frames (then the current chunk). Each frame is its camera centre and a field-of-view mask over

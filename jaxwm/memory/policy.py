@@ -3,7 +3,7 @@
 A policy sees every committed frame (its index and camera) and says which earlier frames the
 next chunk attends to. The sampler keeps those frames in a fixed number of device slots
 (``capacity``) and gives them compact temporal positions ``0 .. h-1`` in source order, the new
-chunk continuing at ``h`` (DESIGN §8), so the per-chunk step compiles once whatever the
+chunk continuing at ``h`` (docs/design.md §8), so the per-chunk step compiles once whatever the
 rollout length. Frames a policy may bring back later (``banked``) are copied to host memory
 before their slot is reused.
 """

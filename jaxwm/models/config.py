@@ -5,7 +5,6 @@ import dataclasses
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-ENCODINGS = ("rope3d", "viewrope", "gta", "prope", "mrope", "worldrope")
 
 
 def _checked_fields(cls, d, where):
@@ -20,15 +19,16 @@ def _checked_fields(cls, d, where):
 
 @dataclasses.dataclass(frozen=True)
 class CameraConfig:
-  """How cameras condition the model (DESIGN §4).
+  """How cameras condition the model (docs/design.md §4).
 
   Attributes:
-    encoding: ``rope3d`` (none: the backbone RoPE only), ``viewrope``, ``gta``, ``prope``, ``mrope``,
-      ``worldrope``.
+    encoding: a name in ``jaxwm.encodings.registry`` (``rope3d``: none, the backbone RoPE only;
+      ``viewrope``, ``gta``, ``prope``, ``mrope``, ``worldrope``).
     channels: a placement name (``t_low``, ``hw_low``, ``hw_low_replace``, ``all``) or a list
       of ``[start, end)`` head-channel ranges; see ``jaxwm.encodings.channels``.
     per_token: GTA/PRoPE: one transform per token (the ray's local frame) instead of per frame.
-    translation_scale: GTA/PRoPE/MRoPE: camera translations are multiplied by this.
+    translation_scale: every encoding (and Plücker) reads translations multiplied by this fixed
+      number (no per-clip rescaling: causal, and the same in training and streaming).
     plucker: Plücker action injection into the patch embeddings (ReWorld §2.2), zero-initialised.
     vae_stride: pixels per latent pixel (token pixel centres and PRoPE's image size).
     mrope_hidden: width of MRoPE's pose MLP.
@@ -62,7 +62,7 @@ SPARSITIES = ("dense", "sliding_window", "frame_topk")
 
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
-  """Which history frames self-attention reads (DESIGN §6; ViewRope §3.3).
+  """Which history frames self-attention reads (docs/design.md §6; ViewRope §3.3).
 
   Attributes:
     sparsity: ``dense`` (the whole chunk-causal history), ``sliding_window`` (the latest
@@ -85,14 +85,15 @@ class AttentionConfig:
   interpret: bool = False
 
   def __post_init__(self):
+    from jaxwm import kernels  # pylint: disable=g-import-not-at-top
     from jaxwm.ops import frame_sparse  # pylint: disable=g-import-not-at-top
     if self.sparsity not in SPARSITIES:
       raise ValueError(f"model.attention.sparsity must be one of {SPARSITIES}; got {self.sparsity!r}")
     if self.selection not in frame_sparse.SELECTION_MODES:
       raise ValueError(f"model.attention.selection must be one of {frame_sparse.SELECTION_MODES}; "
                        f"got {self.selection!r}")
-    if self.impl not in frame_sparse.IMPLS:
-      raise ValueError(f"model.attention.impl must be one of {frame_sparse.IMPLS}; got {self.impl!r}")
+    if self.impl not in kernels.IMPLS:
+      raise ValueError(f"model.attention.impl must be one of {kernels.IMPLS}; got {self.impl!r}")
     for name in ("top_k", "num_samples", "window"):
       if getattr(self, name) < 1:
         raise ValueError(f"model.attention.{name} must be >= 1; got {getattr(self, name)}")
@@ -111,7 +112,7 @@ LOCI_BLOCKS_30 = (2, 4, 6, 7, 8, 9, 11, 13, 14, 16, 23, 24, 25, 27, 28)
 
 @dataclasses.dataclass(frozen=True)
 class LociConfig:
-  """LOCI's hybrid blocks (DESIGN §7; LOCI §3-4, App. A): intra-chunk softmax attention plus a
+  """LOCI's hybrid blocks (docs/design.md §7; LOCI §3-4, App. A): intra-chunk softmax attention plus a
   gated, zero-initialised delta-rule memory read before the chunk writes.
 
   Attributes:
@@ -138,9 +139,9 @@ class LociConfig:
                        "must lie in (0, 1)")
     if self.translation_divisor <= 0:
       raise ValueError(f"model.loci.translation_divisor must be > 0; got {self.translation_divisor}")
-    from jaxwm.ops import delta_rule  # pylint: disable=g-import-not-at-top
-    if self.impl not in delta_rule.IMPLS:
-      raise ValueError(f"model.loci.impl must be one of {delta_rule.IMPLS}; got {self.impl!r}")
+    from jaxwm import kernels  # pylint: disable=g-import-not-at-top
+    if self.impl not in kernels.IMPLS:
+      raise ValueError(f"model.loci.impl must be one of {kernels.IMPLS}; got {self.impl!r}")
 
   @classmethod
   def from_dict(cls, d):
@@ -204,27 +205,59 @@ class ModelConfig:
       raise ValueError(f"model.remat must be one of {REMAT_POLICIES}; got {self.remat!r}")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"model.dtype must be float32, bfloat16 or float16; got {self.dtype!r}")
-    if self.camera.encoding not in ENCODINGS:
-      raise ValueError(f"model.camera.encoding must be one of {ENCODINGS}; got {self.camera.encoding!r}")
-    if self.camera.encoding != "rope3d":
+    enc = self.encoding
+    if enc.uses_channels:
       from jaxwm.encodings.channels import resolve_channels  # pylint: disable=g-import-not-at-top
-      resolve_channels(self.camera.channels, self.head_dim, self.camera.encoding)
-    if self.attention.sparse and self.camera.encoding == "worldrope":
-      raise ValueError(f"model.attention.sparsity={self.attention.sparsity!r} is not supported with WorldRoPE "
-                       "(its keys depend on the query view); use sparsity='dense'")
+      resolve_channels(self.camera.channels, self.head_dim, enc.name, enc.unit)
+    enc.check(self)
+    if self.attention.sparse and enc.per_view_keys:
+      raise ValueError(f"model.attention.sparsity={self.attention.sparsity!r} is not supported with "
+                       f"model.camera.encoding={enc.name!r} (its keys depend on the query view); use sparsity='dense'")
     if self.loci.enabled:
       bad = [b for b in self.loci.blocks if not 0 <= b < self.num_layers]
       if bad or not self.loci.blocks:
         raise ValueError(f"model.loci.blocks {list(self.loci.blocks)} must be non-empty indices in "
                          f"[0, model.num_layers={self.num_layers})")
-      if self.camera.encoding == "worldrope":
-        raise ValueError("model.loci is not supported with WorldRoPE (keys depend on the query view)")
+      if enc.per_view_keys:
+        raise ValueError(f"model.loci is not supported with model.camera.encoding={enc.name!r} "
+                         "(keys depend on the query view)")
     if self.attention.sparse and self.patch_size[0] != 1:
       raise ValueError(f"frame-sparse attention needs model.patch_size[0] == 1; got {self.patch_size}")
 
   @property
+  def encoding(self):
+    """The :class:`jaxwm.encodings.base.CameraEncoding` of ``camera.encoding``."""
+    from jaxwm.encodings.registry import get_encoding  # pylint: disable=g-import-not-at-top
+    return get_encoding(self.camera.encoding)
+
+  @property
   def camera_conditioned(self):
-    return self.camera.encoding != "rope3d" or self.camera.plucker or self.loci.enabled
+    return self.encoding.needs_cameras or self.camera.plucker or self.loci.enabled
+
+  @property
+  def layer_kinds(self):
+    """Per layer ``"softmax"`` (attention over the history) or ``"hybrid"`` (LOCI: own chunk + memory)."""
+    hybrid = set(self.loci.blocks) if self.loci.enabled else set()
+    return tuple("hybrid" if i in hybrid else "softmax" for i in range(self.num_layers))
+
+  @property
+  def layer_groups(self):
+    """Runs of identical layers ``((kind, start, end), ...)``, each scanned as one stack."""
+    groups, kinds = [], self.layer_kinds
+    for i, kind in enumerate(kinds):
+      if groups and groups[-1][0] == kind:
+        groups[-1] = (kind, groups[-1][1], i + 1)
+      else:
+        groups.append((kind, i, i + 1))
+    return tuple(groups)
+
+  @property
+  def num_softmax_layers(self):
+    return self.layer_kinds.count("softmax")
+
+  @property
+  def num_hybrid_layers(self):
+    return self.layer_kinds.count("hybrid")
 
   @property
   def head_dim(self):
@@ -247,3 +280,13 @@ class ModelConfig:
     if "attention" in d and not isinstance(d["attention"], AttentionConfig):
       d["attention"] = AttentionConfig.from_dict(d["attention"])
     return cls(**d)
+
+
+def default_config_dict(cls=ModelConfig):
+  """The defaults of dataclass ``cls`` as a nested dict (sub-configs as dicts): for ``ModelConfig``,
+  the ``model`` block that config files start from and override (defaults live only here)."""
+  out = {}
+  for f in dataclasses.fields(cls):
+    v = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    out[f.name] = default_config_dict(type(v)) if dataclasses.is_dataclass(v) else v
+  return out

@@ -1,4 +1,4 @@
-"""LOCI's recurrent memory branch (LOCI §3-4, App. A; DESIGN §7).
+"""LOCI's recurrent memory branch (LOCI §3-4, App. A; docs/design.md §7).
 
 In a hybrid block the softmax attention sees only the own chunk; this branch adds a gated,
 zero-initialised readout of a per-head delta-rule state ``S [K, V]`` that earlier chunks wrote:
@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxwm.encodings import camera as cam_lib
+from jaxwm import kernels
+from jaxwm.encodings.base import model_poses, tile_transform
+from jaxwm.encodings.prope import PRoPE
 from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims
 from jaxwm.models.config import CameraConfig
 from jaxwm.models.layers import dense
-from jaxwm.ops.delta_rule import delta_rule_chunked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +60,10 @@ def memory_channels(head_dim):
 
 
 def memory_camera_tensors(cfg, c2w, intrinsics, grid, patch):
-  """PRoPE matrices ``g, g_inv [B, L, 4, 4]`` of the memory branch (translations / divisor)."""
-  cam = CameraConfig(encoding="prope", channels=(memory_channels(cfg.head_dim),),
-                             translation_scale=1.0 / cfg.loci.translation_divisor, vae_stride=cfg.camera.vae_stride)
-  b = c2w.shape[0]
-  return cam_lib.camera_tensors(cam, c2w, intrinsics, jnp.ones((b,), jnp.float32), grid, patch)
+  """PRoPE matrices (``TileTensors``: ``g, g_inv [B, L, 4, 4]``) of the memory branch, per frame, from
+  ``c2w [B, S, 4, 4]`` with translations divided by ``loci.translation_divisor``."""
+  cam = CameraConfig(encoding="prope", channels=(memory_channels(cfg.head_dim),), vae_stride=cfg.camera.vae_stride)
+  return PRoPE().tensors(cam, model_poses(c2w, 1.0 / cfg.loci.translation_divisor), intrinsics, grid, patch)
 
 
 def _normalize(x, eps=1e-6):
@@ -78,7 +78,7 @@ class RecurrentMemory(nn.Module):
   """The memory branch of a hybrid block.
 
   ``__call__(y, cam, rope, state)``: ``y [B, S*N, dim]`` (the block's normalised input),
-  ``cam = {"g", "g_inv"}`` per token, ``rope`` 2-D patch RoPE angles ``[B, S*N, D/2]``,
+  ``cam``: ``TileTensors`` (``g, g_inv``) per token, ``rope`` 2-D patch RoPE angles ``[B, S*N, D/2]``,
   ``state [B, H, K, V]`` float32 incoming state. Returns ``(readout [B, S*N, dim] (not yet gated),
   state after this call's writers)``.
   """
@@ -96,9 +96,9 @@ class RecurrentMemory(nn.Module):
                for name in ("q", "k", "v"))
     lo, hi = memory_channels(d)
     idx = list(range(lo, hi))
-    q = cam_lib.tile_transform(q, jnp.swapaxes(cam["g"], -1, -2), idx)
-    k = cam_lib.tile_transform(k, cam["g_inv"], idx)
-    v = cam_lib.tile_transform(v, cam["g_inv"], idx)
+    q = tile_transform(q, jnp.swapaxes(cam.g, -1, -2), idx)
+    k = tile_transform(k, cam.g_inv, idx)
+    v = tile_transform(v, cam.g_inv, idx)
     q, k = _normalize(apply_rotary(q, rope)), _normalize(apply_rotary(k, rope))
     beta = 2.0 * nn.sigmoid(dense(h, ("embed", "heads"), "mem_beta", jnp.float32)(y))  # [B, L, H]
     w_ret = nn.Dense(h * (d // 2), name="mem_retention", kernel_init=nn.with_logical_partitioning(
@@ -121,11 +121,11 @@ class RecurrentMemory(nn.Module):
       log_gamma = jnp.maximum(-jnp.exp(a)[None, :, None] * nn.softplus(raw), math.log(lc.alpha_min))
       state = state * jnp.exp(jnp.repeat(log_gamma, 2, axis=-1))[..., None]  # decay once, at the first token
       zeros = jnp.zeros_like(k[:, t])
-      _, state = delta_rule_chunked(zeros, k[:, t], v[:, t], zeros, beta[:, t], initial_state=state,
-                                    output_final_state=True, chunk_size=lc.chunk_size, impl=lc.impl)
+      _, state = kernels.delta_rule_chunked(zeros, k[:, t], v[:, t], zeros, beta[:, t], initial_state=state,
+                                            output_final_state=True, chunk_size=lc.chunk_size, impl=lc.impl)
     read = jnp.stack([before[c] for c in chunk.tolist()], axis=1)  # [B, S, H, K, V] state read per frame
     qf = q.reshape(b, len(chunk), n, h, d) * d**-0.5
     out = jnp.einsum("bsnhk,bshkv->bsnhv", qf, read).reshape(b, length, h, d)
-    out = cam_lib.tile_transform(out, cam["g"], idx)
+    out = tile_transform(out, cam.g, idx)
     out = dense(cfg.dim, ("heads", "embed"), "mem_out", cfg.compute_dtype)(out.reshape(b, length, cfg.dim))
     return out, state

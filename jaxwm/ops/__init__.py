@@ -1,1 +1,2 @@
-"""Pure-``jnp`` reference operators. Kernels in ``pallas_kernels/`` share their signatures."""
+"""Pure-``jnp`` reference operators; they import no kernel. The Pallas kernels in ``pallas_kernels/``
+share their signatures, and ``jaxwm.kernels`` chooses between the two by ``impl=``."""

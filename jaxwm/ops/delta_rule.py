@@ -1,4 +1,4 @@
-"""Gated delta rule (KDA / Gated DeltaNet; LOCI §3-4; DESIGN §7), pure ``jnp``.
+"""Gated delta rule (KDA / Gated DeltaNet; LOCI §3-4; docs/design.md §7), pure ``jnp``.
 
 Per head, state ``S [K, V]`` (float32); per token ``t``:
 
@@ -15,6 +15,9 @@ nothing is normalised here. Scans take ``initial_state [B, H, K, V]`` and return
 - :func:`delta_rule_chunked`: the WY/UT chunked form (one chunk of ``C`` tokens per scan
   step; only exponentials of non-positive cumulative differences are ever taken).
 - :func:`delta_rule_chunk_before_write`: LOCI's read-before-write chunks.
+
+Public helpers shared with the kernels: :func:`check_inputs`, :func:`prepare_inputs`,
+:func:`pad_time`. References only: the Pallas kernels and ``impl=`` live in ``jaxwm.kernels``.
 """
 
 import functools
@@ -23,10 +26,11 @@ import jax
 import jax.numpy as jnp
 
 _f32 = jnp.float32
-IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
 
 
-def _check(q, k, v, g, beta, initial_state):
+def check_inputs(q, k, v, g, beta, initial_state):
+  """Raises ``ValueError`` naming the argument unless ``q, k [B, T, H, K]``, ``v [B, T, H, V]``,
+  ``g [B, T, H]`` or ``[B, T, H, K]``, ``beta [B, T, H]``, ``initial_state [B, H, K, V]`` or None."""
   b, t, h, dk = q.shape
   if k.shape != q.shape:
     raise ValueError(f"k shape {k.shape} must equal q shape {q.shape}")
@@ -40,9 +44,10 @@ def _check(q, k, v, g, beta, initial_state):
     raise ValueError(f"initial_state shape {initial_state.shape} must be (B, H, K, V) = {(b, h, dk, v.shape[-1])}")
 
 
-def _prepare(q, k, v, g, beta, scale, initial_state):
-  """float32 copies, ``g`` per channel, scaled queries and the initial state."""
-  _check(q, k, v, g, beta, initial_state)
+def prepare_inputs(q, k, v, g, beta, scale, initial_state):
+  """Checked float32 copies: ``(scale * q, k, v, g [B, T, H, K] per channel, beta, S_0 [B, H, K, V])``;
+  ``scale`` None is ``K ** -0.5``, ``initial_state`` None is zeros."""
+  check_inputs(q, k, v, g, beta, initial_state)
   b, _, h, dk = q.shape
   scale = dk**-0.5 if scale is None else scale
   q, k, v, g, beta = (x.astype(_f32) for x in (q, k, v, g, beta))
@@ -67,7 +72,7 @@ def delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, ou
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or None)``.
   """
   dtype = v.dtype
-  q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state)
+  q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state)
 
   def step(s, xs):
     q_t, k_t, v_t, g_t, b_t = xs  # [B, H, ...]
@@ -81,7 +86,8 @@ def delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, ou
   return jnp.moveaxis(o, 0, 1).astype(dtype), (s if output_final_state else None)
 
 
-def _pad_time(x, pad):
+def pad_time(x, pad):
+  """``x [B, T, ...]`` zero-padded to ``[B, T + pad, ...]`` (with ``beta = 0``, ``g = 0``: a no-op step)."""
   return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if pad else x
 
 
@@ -154,7 +160,7 @@ def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
   b, t, h, dk = q.shape
   pad = (-t) % chunk_size
   # Padded tokens: beta = 0 writes nothing and g = 0 decays nothing, so the state is exact.
-  q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
+  q, k, v, g, beta = (pad_time(x, pad) for x in (q, k, v, g, beta))
   n = (t + pad) // chunk_size
 
   def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]
@@ -172,29 +178,20 @@ def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
 
 
 def delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                       chunk_size=64, impl="xla", interpret=False):
+                       chunk_size=64):
   """The chunked (WY/UT) form of :func:`delta_rule_recurrent`, same arguments and results.
 
   ``T`` need not be a multiple of ``chunk_size`` (padded with ``beta = 0``, ``g = 0``).
-  ``impl``: ``xla`` (this reference) or ``pallas_tpu`` / ``pallas_gpu``
-  (``pallas_kernels.delta_rule``; ``interpret=True`` on CPU). Nothing falls back silently.
   """
-  if impl not in IMPLS:
-    raise ValueError(f"delta-rule impl must be one of {IMPLS}; got {impl!r}")
-  if impl != "xla":
-    from pallas_kernels import delta_rule as kernels  # pylint: disable=g-import-not-at-top
-    fn = kernels.tpu_delta_rule if impl == "pallas_tpu" else kernels.gpu_delta_rule
-    return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-              chunk_size=chunk_size, interpret=interpret)
   dtype = v.dtype
-  q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state)
+  q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state)
   o, s = _chunked_scan(q, k, v, g, beta, s0, chunk_size)
   return o.astype(dtype), (s if output_final_state else None)
 
 
 def delta_rule_chunk_before_write(q, k, v, g, beta, *, chunk_len, scale=None, initial_state=None,
                                   output_final_state=False, inner_chunk_size=64):
-  """LOCI's memory read (DESIGN §7): chunks of ``chunk_len`` tokens read the state from
+  """LOCI's memory read (docs/design.md §7): chunks of ``chunk_len`` tokens read the state from
   before the chunk, then write it token by token.
 
   For chunk ``c`` (tokens ``c L .. c L + L - 1``):
@@ -208,7 +205,7 @@ def delta_rule_chunk_before_write(q, k, v, g, beta, *, chunk_len, scale=None, in
     ``(o [B, T, H, V], final_state or None)``.
   """
   dtype = v.dtype
-  q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state)
+  q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state)
   b, t, h, dk = q.shape
   if t % chunk_len:
     raise ValueError(f"T={t} must be a multiple of chunk_len={chunk_len}")

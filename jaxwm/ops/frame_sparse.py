@@ -1,4 +1,4 @@
-"""Geometry-aware frame-sparse attention (ViewRope §3.3, Algorithm 1; DESIGN §6), pure ``jnp``.
+"""Geometry-aware frame-sparse attention (ViewRope §3.3, Algorithm 1; docs/design.md §6), pure ``jnp``.
 
 Blocks are latent frames of ``N`` tokens. Sequences are frame-major: ``q [B, Fq*N, H, D]``,
 ``k, v [B, Fk*N, H, D]``.
@@ -9,16 +9,17 @@ Blocks are latent frames of ``N`` tokens. Sequences are frame-major: ``q [B, Fq*
    counterfactual ``random`` / ``exclude_selected`` sets (Table 4); ``-1`` pads.
 3. :func:`gathered_attention` -- softmax attention of each query frame over the frames in its
    index list only (Eq. 12), by gathering: cost ``O(Fq * M * N^2)``, linear in the frames.
-   Kernels with the same signature live in ``pallas_kernels.frame_sparse_attention``.
-4. :func:`frame_sparse_attention` -- the three together, with the query's own chunk always
-   attended (Eq. 11). The selection is not differentiated (``stop_gradient``); the attention is.
+4. :func:`attended_frames` -- steps 1-2 plus the query's own chunk, always attended (Eq. 11).
+5. :func:`frame_sparse_attention` -- 4 then 3. The selection is not differentiated
+   (``stop_gradient``); the attention is.
+
+References only: the Pallas kernels and the ``impl=`` dispatch live in ``jaxwm.kernels``.
 """
 
 import jax
 import jax.numpy as jnp
 
 SELECTION_MODES = ("topk", "random", "exclude_selected")
-IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
 
 
 def sample_positions(key, tokens_per_frame, num_samples):
@@ -127,23 +128,31 @@ def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None):
   return out.reshape(b, lq, h, d).astype(q.dtype)
 
 
-def sparse_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl="xla", interpret=False):
-  """:func:`gathered_attention` by ``impl``: ``xla`` (this reference), ``pallas_tpu`` or
-  ``pallas_gpu`` (``pallas_kernels.frame_sparse_attention``; ``interpret=True`` runs them on
-  CPU). Unknown names are an error; nothing falls back silently."""
-  if impl == "xla":
-    return gathered_attention(q, k, v, frame_idx, tokens_per_frame=tokens_per_frame, scale=scale)
-  if impl not in IMPLS:
-    raise ValueError(f"frame-sparse attention impl must be one of {IMPLS}; got {impl!r}")
-  from pallas_kernels import frame_sparse_attention as kernels  # pylint: disable=g-import-not-at-top
-  fn = kernels.tpu_attention if impl == "pallas_tpu" else kernels.gpu_attention
-  return fn(q, k, v, frame_idx, tokens_per_frame=tokens_per_frame, scale=scale, interpret=interpret)
+def attended_frames(q, k, *, tokens_per_frame, history, local_idx, top_k, sparsity="frame_topk", num_samples=10,
+                    window=None, mode="topk", key=None, select_key=None):
+  """Algorithm 1's selection: the key frames each query frame attends (Eqs. 9-11).
+
+  Args: as :func:`frame_sparse_attention`.
+
+  Returns:
+    ``(frame_idx [B, Fq, C + S], selected [B, Fq, S])`` int, ``S = top_k`` (or ``window``):
+    ``frame_idx`` is ``local_idx`` followed by ``selected`` (the input of Eq. 12); -1 pads.
+  """
+  if sparsity == "sliding_window":
+    selected = recent_frames(history, window)
+  elif sparsity == "frame_topk":
+    pos = sample_positions(key, tokens_per_frame, num_samples)
+    selected = select_frames(frame_scores(q, k, tokens_per_frame, pos), history, top_k, mode=mode, key=select_key)
+  else:
+    raise ValueError(f"sparsity must be 'frame_topk' or 'sliding_window'; got {sparsity!r}")
+  local = jnp.broadcast_to(local_idx, selected.shape[:2] + local_idx.shape[-1:])
+  return jnp.concatenate([local, selected], -1), selected
 
 
 def frame_sparse_attention(q, k, v, *, tokens_per_frame, history, local_idx, top_k, sparsity="frame_topk",
-                           num_samples=10, window=None, mode="topk", key=None, select_key=None, impl="xla",
-                           interpret=False):
-  """Algorithm 1: select history frames, then attend to them plus the own chunk.
+                           num_samples=10, window=None, mode="topk", key=None, select_key=None):
+  """Algorithm 1: select history frames (:func:`attended_frames`), then attend to them plus the
+  own chunk (:func:`gathered_attention`, Eq. 12).
 
   Args:
     q: ``[B, Fq*N, H, D]``; k, v: ``[B, Fk*N, H, D]`` (camera-encoded).
@@ -159,13 +168,7 @@ def frame_sparse_attention(q, k, v, *, tokens_per_frame, history, local_idx, top
   Returns:
     ``(out [B, Fq*N, H, D], selected [B, Fq, top_k or window])``.
   """
-  if sparsity == "sliding_window":
-    selected = recent_frames(history, window)
-  elif sparsity == "frame_topk":
-    pos = sample_positions(key, tokens_per_frame, num_samples)
-    selected = select_frames(frame_scores(q, k, tokens_per_frame, pos), history, top_k, mode=mode, key=select_key)
-  else:
-    raise ValueError(f"sparsity must be 'frame_topk' or 'sliding_window'; got {sparsity!r}")
-  idx = jnp.concatenate([jnp.broadcast_to(local_idx, selected.shape[:2] + local_idx.shape[-1:]), selected], -1)
-  out = sparse_attention(q, k, v, idx, tokens_per_frame=tokens_per_frame, impl=impl, interpret=interpret)
-  return out, selected
+  idx, selected = attended_frames(q, k, tokens_per_frame=tokens_per_frame, history=history, local_idx=local_idx,
+                                  top_k=top_k, sparsity=sparsity, num_samples=num_samples, window=window, mode=mode,
+                                  key=key, select_key=select_key)
+  return gathered_attention(q, k, v, idx, tokens_per_frame=tokens_per_frame), selected

@@ -1,3 +1,5 @@
-"""Streaming generation against a KV cache (DESIGN §2)."""
+"""Streaming generation against a KV cache (docs/design.md §2)."""
 
-from jaxwm.sampling.streaming import KVCache, StreamingSampler
+from jaxwm.models.cache import KVCache
+from jaxwm.models.conditioning import Cameras
+from jaxwm.sampling.streaming import StreamingSampler

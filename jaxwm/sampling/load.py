@@ -1,8 +1,22 @@
-"""Loading a trained model from an Orbax checkpoint directory (for ``sample.py`` and notebooks)."""
+"""Loading a trained model from an Orbax checkpoint directory (``sample.py``, notebooks, evaluation,
+``train.init_from``): the config saved with the checkpoint, the model it describes, and its
+parameters (or their EMA) restored alone, never the optimizer state.
+"""
 
 import pathlib
 
+import flax.linen as nn
+import jax
 import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxwm.checkpoint import Checkpointer, abstract_with_shardings
+from jaxwm.models.config import ModelConfig
+from jaxwm.models.init import init_params
+from jaxwm.models.transformer import WanModel
+
+_NO_CHECKPOINT = "train one with `python train.py` (it writes runs/tiny/checkpoints), then pass --workdir runs/tiny"
 
 
 def find_checkpoint_dir(path):
@@ -19,27 +33,169 @@ def find_checkpoint_dir(path):
   return p, None
 
 
-def load_model(path, step=None, use_ema=True):
-  """Restores ``(config, model, variables, step)`` from a checkpoint written by ``train.py``.
-
-  Raises ``FileNotFoundError`` with the command that makes one when there is none.
-  """
-  from jaxwm.training.checkpoint import Checkpointer  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
+def _open(path, step):
+  """``(Checkpointer, step)`` of ``path`` (see :func:`find_checkpoint_dir`); the latest step by default."""
   ckpt_dir, found_step = find_checkpoint_dir(path)
   if not ckpt_dir.is_dir():
-    raise FileNotFoundError(f"no checkpoint at {path}: train one with `python train.py` "
-                            "(it writes runs/tiny/checkpoints), then pass --workdir runs/tiny")
+    raise FileNotFoundError(f"no checkpoint at {path}: {_NO_CHECKPOINT}")
   ckpt = Checkpointer(ckpt_dir, async_save=False)
   step = step if step is not None else found_step if found_step is not None else ckpt.latest_step()
   if step is None:
-    raise FileNotFoundError(f"no checkpoint in {ckpt_dir}: train one with `python train.py` "
-                            "(it writes runs/tiny/checkpoints), then pass --workdir runs/tiny")
+    ckpt.close()
+    raise FileNotFoundError(f"no checkpoint in {ckpt_dir}: {_NO_CHECKPOINT}")
+  if int(step) not in ckpt.all_steps():
+    steps = ckpt.all_steps()
+    ckpt.close()
+    raise FileNotFoundError(f"step={step}: no such checkpoint in {ckpt_dir}; steps: {sorted(steps)}")
+  return ckpt, int(step)
+
+
+def _config(ckpt, step):
   config = ml_collections.ConfigDict(ckpt.restore_config(step))
   config.model.patch_size = tuple(config.model.patch_size)
-  config.mesh.data, config.mesh.fsdp = -1, 1
-  trainer = Trainer(config, ckpt_dir.parent)
-  state, step = ckpt.restore(trainer.restore_target(), step=step)
-  ckpt.close()
-  params = state.ema if (use_ema and state.ema) else state.params
-  return config, trainer.model, {"params": params}, step
+  return config
+
+
+def load_config(path, step=None):
+  """The ``ConfigDict`` saved with a checkpoint (``path`` as in :func:`find_checkpoint_dir`)."""
+  ckpt, step = _open(path, step)
+  try:
+    return _config(ckpt, step)
+  finally:
+    ckpt.close()
+
+
+def abstract_params(model, config):
+  """Unboxed ``jax.ShapeDtypeStruct`` tree of ``model``'s parameters (nothing allocated).
+
+  Built by ``jax.eval_shape`` of :func:`jaxwm.models.init.init_params` on latents
+  ``[1, S, h, w, C]`` of ``config.data``: ``h = w = image_size // latent_stride``,
+  ``C = 3 * latent_stride**2``, ``S = 2`` (parameters do not depend on ``S``).
+  """
+  d = config.data
+  hw = d.image_size // d.latent_stride
+  shape = (1, 2, hw, hw, 3 * d.latent_stride**2)
+  boxed = jax.eval_shape(lambda key: init_params(model, key, shape, d.image_size), jax.random.key(0))
+  return nn.unbox(boxed)
+
+
+def _flat(tree):
+  """``{"a/b/c": leaf}`` of a nested-dict tree (leaves: arrays, shape structs or Orbax metadata)."""
+  leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
+  return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in kp): v for kp, v in leaves}
+
+
+def check_param_tree(saved, target, where):
+  """Raises a one-line ``ValueError`` naming the first parameter whose presence or shape differs.
+
+  Args:
+    saved: the checkpoint's parameter metadata tree (leaves with ``.shape``).
+    target: the model's abstract parameter tree.
+    where: what ``saved`` is, for the message.
+  """
+  saved, target = _flat(saved), _flat(target)
+  for key, t in target.items():
+    if key not in saved:
+      raise ValueError(f"{where}: parameter {key} of the model is not in the checkpoint "
+                       f"(checkpoint parameters: {len(saved)}, the model's: {len(target)})")
+    if tuple(saved[key].shape) != tuple(t.shape):
+      raise ValueError(f"{where}: parameter {key} has shape {tuple(saved[key].shape)}, the model's is "
+                       f"{tuple(t.shape)}")
+  extra = [k for k in saved if k not in target]
+  if extra:
+    raise ValueError(f"{where}: parameter {extra[0]} is not in the model ({len(extra)} checkpoint parameter(s) "
+                     "the model lacks)")
+
+
+def restore_params(path, target, step=None, use_ema=True):
+  """Restores only the parameters (or their EMA) of a checkpoint into ``target``'s shardings.
+
+  Args:
+    path: a workdir, checkpoints directory or step directory (:func:`find_checkpoint_dir`).
+    target: ``jax.ShapeDtypeStruct`` tree (with shardings) of the model's parameters.
+    step: the checkpoint step (default: ``path``'s step or the latest).
+    use_ema: restore ``ema`` instead of ``params`` when the checkpoint kept a non-empty EMA.
+
+  Returns:
+    ``(params, step, field)``: arrays shaped and sharded like ``target``; ``field`` is ``"params"``
+    or ``"ema"``. Raises ``ValueError`` (one line, naming the first differing parameter) when the
+    checkpoint's parameter tree differs from ``target``, ``FileNotFoundError`` when there is no
+    checkpoint.
+  """
+  ckpt, step = _open(path, step)
+  try:
+    params, field = _restore_params(ckpt, step, target, use_ema)
+  finally:
+    ckpt.close()
+  return params, step, field
+
+
+def _restore_params(ckpt, step, target, use_ema):
+  meta = ckpt.state_metadata(step)
+  field = "ema" if use_ema and jax.tree_util.tree_leaves(meta.get("ema") or {}) else "params"
+  legacy = _one_stack_target(meta[field], target)
+  check_param_tree(meta[field], target if legacy is None else legacy, f"{ckpt.directory} step {step} ({field})")
+  params = ckpt.restore_fields({field: target if legacy is None else legacy}, step)[field]
+  return (params if legacy is None else _split_stack(params, target)), field
+
+
+def _groups(target):
+  """``[(name, start, end)]`` of the model's grouped layer stacks ``blocks_<start>_<end>``."""
+  return sorted(((k, *map(int, k.split("_")[1:])) for k in target if k.startswith("blocks_")), key=lambda g: g[1])
+
+
+def _one_stack_target(saved, target):
+  """For a LOCI checkpoint written before layers were grouped (one ``blocks`` stack, memory parameters in
+  every layer) the restore target of that layout; None when the checkpoint has the model's layout."""
+  groups = _groups(target)
+  if "blocks" not in saved or "blocks" in target or not groups:
+    return None
+  hybrid = next((target[name] for name, _, _ in groups if "memory" in target[name]), None)
+  if hybrid is None:
+    return None
+  n = groups[-1][2]
+  stack = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((n,) + a.shape[1:], a.dtype, sharding=a.sharding),
+                                 hybrid)
+  return {**{k: v for k, v in target.items() if not k.startswith("blocks_")}, "blocks": stack}
+
+
+def _split_stack(params, target):
+  """One ``blocks`` stack -> the model's grouped stacks (softmax layers drop the memory they carried)."""
+  out = {k: v for k, v in params.items() if k != "blocks"}
+  for name, lo, hi in _groups(target):
+    out[name] = {k: jax.tree_util.tree_map(lambda a, lo=lo, hi=hi: a[lo:hi], v)
+                 for k, v in params["blocks"].items() if k in target[name]}
+  return out
+
+
+def load_model(path, step=None, use_ema=True, mesh=None, shardings=None):
+  """Restores ``(config, model, variables, step)`` from a checkpoint written by ``train.py``.
+
+  Only the parameters (the EMA when ``use_ema`` and kept) are read; ``variables = {"params": ...}``.
+
+  Args:
+    path: a workdir, checkpoints directory or step directory (:func:`find_checkpoint_dir`).
+    step: the checkpoint step (default: the latest).
+    use_ema: prefer the EMA parameters when the checkpoint has them.
+    mesh: parameters are replicated over this mesh (default: a 1-device mesh of
+      ``jax.devices()[:1]``).
+    shardings: a ``jax.sharding.Sharding`` for every parameter, or a tree of them shaped like
+      the parameters; overrides ``mesh``.
+
+  Raises ``FileNotFoundError`` with the command that makes one when there is none.
+  """
+  ckpt, step = _open(path, step)
+  try:
+    config = _config(ckpt, step)
+    model = WanModel(ModelConfig.from_dict(config.model))
+    abstract = abstract_params(model, config)
+    if shardings is None:
+      if mesh is None:  # axis names as in training's (data, fsdp) meshes
+        mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
+      shardings = NamedSharding(mesh, P())
+    if isinstance(shardings, jax.sharding.Sharding):
+      shardings = jax.tree_util.tree_map(lambda _, s=shardings: s, abstract)
+    params, _ = _restore_params(ckpt, step, abstract_with_shardings(abstract, shardings), use_ema)
+  finally:
+    ckpt.close()
+  return config, model, {"params": params}, step

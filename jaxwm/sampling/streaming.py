@@ -1,138 +1,64 @@
-"""Streaming generation (DESIGN §2): per chunk, ``S`` Euler steps of the current chunk against a
+"""Streaming generation (docs/design.md §2): per chunk, ``S`` Euler steps of the current chunk against a
 KV cache that is read, never written, while denoising; then one commit forward of the
 finished chunk (clean, ``t = 0``) that writes its keys and values.
 
-Caches are fixed-size buffers plus a validity mask and a length, so every per-chunk function
-compiles once, whatever the rollout length. Classifier-free guidance runs the conditional and
-unconditional branches as one doubled batch, each with its own cache rows.
+Caches are fixed-size buffers plus a validity mask and a length (:class:`jaxwm.models.cache.KVCache`),
+so every per-chunk function compiles once, whatever the rollout length. Classifier-free guidance
+runs the conditional and unconditional branches as one doubled batch, each with its own cache rows.
+
+Cameras are the model's as they are given (re-anchored on the trajectory's first frame); nothing is
+normalised over the trajectory, so a chunk is encoded the same whether the trajectory is known in
+advance (:meth:`StreamingSampler.rollout`) or given chunk by chunk (:meth:`StreamingSampler.generate`).
 """
 
-import os
-import pathlib
-
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.diffusion import flow
-from jaxwm.encodings.camera import trajectory_scale
 from jaxwm.geometry.validate import validate_cameras
+from jaxwm.models.cache import KVCache
+from jaxwm.models.conditioning import Cameras, Frames
 from jaxwm.models.loci import MemoryPlan
 from jaxwm.models.transformer import WanModel
 
 
-WHOLE_ENTRIES = ("mem",)  # replaced by a commit (recurrent state), not appended per token
-
-
-@flax.struct.dataclass
-class KVCache:
-  """A fixed-size cache of ``max_frames`` frame slots.
-
-  ``k, v``: ``[num_layers, B, max_frames * N, H, Dh]`` raw keys/values (positions and cameras are
-  applied when read); ``valid``: ``[B, max_frames]`` which slots attend; ``length``: frames
-  committed so far; ``frames``: per slot ``pos [B, max_frames]`` (the temporal position the slot
-  is read at), ``c2w [B, max_frames, 4, 4]``, ``intrinsics [B, max_frames, 3, 3]``; ``aux``: further
-  per-key entries (WorldRoPE's ``wr_mean``, ``wr_cov``, ``wr_alpha``) and LOCI's delta-rule state
-  ``mem [num_layers, B, H, K, V]`` float32, which only a commit writes."""
-  k: jax.Array
-  v: jax.Array
-  valid: jax.Array
-  length: jax.Array
-  frames: dict
-  aux: dict = flax.struct.field(default_factory=dict)
-
-  @classmethod
-  def empty(cls, cfg, batch, max_frames, tokens_per_frame, dtype=jnp.float32):
-    lead = (cfg.num_layers, batch, max_frames * tokens_per_frame)
-    shape = lead + (cfg.num_heads, cfg.head_dim)
-    aux = {}
-    if cfg.loci.enabled:  # the delta-rule state of every block (used by the hybrid ones)
-      aux["mem"] = jnp.zeros((cfg.num_layers, batch, cfg.num_heads, cfg.head_dim, cfg.head_dim), jnp.float32)
-    if cfg.camera.encoding == "worldrope":
-      m = cfg.camera.hypotheses
-      aux.update({"wr_mean": jnp.zeros(lead + (m, 3)), "wr_cov": jnp.zeros(lead + (m, 3, 3)),
-                  "wr_alpha": jnp.zeros(lead + (m,))})
-    frames = {"pos": jnp.zeros((batch, max_frames), jnp.float32),
-              "c2w": jnp.broadcast_to(jnp.eye(4), (batch, max_frames, 4, 4)),
-              "intrinsics": jnp.broadcast_to(jnp.eye(3), (batch, max_frames, 3, 3))}
-    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, max_frames), bool),
-               jnp.zeros((), jnp.int32), frames, aux)
-
-  def entries(self):
-    return {"k": self.k, "v": self.v, **self.aux}
-
-  def save(self, path):
-    """Writes the whole cache (keys, values, validity, length and aux entries such as LOCI's
-    recurrent state ``mem``) to ``path`` (``.npz``), atomically (temporary file, then rename)."""
-    path = pathlib.Path(path)
-    arrays = {"k": self.k, "v": self.v, "valid": self.valid, "length": self.length,
-              **{f"aux.{n}": a for n, a in self.aux.items()}, **{f"frames.{n}": a for n, a in self.frames.items()}}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-      np.savez(f, **{n: np.asarray(a) for n, a in arrays.items()})
-    os.replace(tmp, path)
-    return path
-
-  @classmethod
-  def load(cls, path):
-    """Reads a cache written by :meth:`save`."""
-    with np.load(path) as z:
-      aux = {n[4:]: jnp.asarray(z[n]) for n in z.files if n.startswith("aux.")}
-      frames = {n[7:]: jnp.asarray(z[n]) for n in z.files if n.startswith("frames.")}
-      return cls(jnp.asarray(z["k"]), jnp.asarray(z["v"]), jnp.asarray(z["valid"]), jnp.asarray(z["length"]),
-                 frames, aux)
+def chunk_frames(cache, pos, cameras=None):
+  """:class:`Frames` of a chunk at positions ``pos [B, Sc]`` with ``cameras`` (:class:`Cameras` or None)
+  reading ``cache``: every valid slot and the chunk itself; the chunk is its own chunk (``local``)
+  and, for LOCI, one writing chunk."""
+  b, sc = pos.shape
+  cap = cache.max_frames
+  mask = jnp.concatenate([jnp.broadcast_to(cache.valid[:, None, :], (b, sc, cap)), jnp.ones((b, sc, sc), bool)], -1)
+  local = jnp.broadcast_to(cap + jnp.arange(sc, dtype=jnp.int32), (b, sc, sc))
+  return Frames(pos=pos, cameras=cameras, mask=mask, local=local,
+                plan=MemoryPlan.make(np.ones(sc, int), np.ones(sc, bool)))
 
 
 def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, cameras=None, rng=None):
   """Velocity of chunk ``x [B, Sc, h, w, C]`` at time ``t`` (``[B, Sc]`` in ``[0, 1]``) against ``cache``.
 
-  ``cameras`` are the chunk's own (``c2w``, ``intrinsics`` ``[B, Sc, ...]``, ``scale [B]``):
-  queries get their camera's transform, cached keys keep theirs. With frame-sparse attention
-  the chunk attends to itself and selects among the cache's valid frames (at every call);
-  ``rng`` feeds the ``frame_select`` stream (sampled positions, random selection modes).
+  ``cameras``: the chunk's own :class:`Cameras` ``[B, Sc]``: queries get their camera's transform,
+  cached keys keep theirs. With frame-sparse attention the chunk attends to itself and selects
+  among the cache's valid frames (at every call); ``rng`` feeds the ``frame_select`` stream.
 
-  Returns ``(velocity, entries)`` with the chunk's own keys/values per layer (and, when
-  sparse, ``selected [layers, B, Sc, k]`` cache-frame indices).
+  Returns ``(velocity, entries)``: the chunk's own :class:`jaxwm.models.cache.Entries`.
   """
-  b, sc = x.shape[:2]
-  cap = cache.valid.shape[1]
-  mask = jnp.concatenate([jnp.broadcast_to(cache.valid[:, None, :], (b, sc, cap)),
-                          jnp.ones((b, sc, sc), bool)], axis=-1)
-  local = jnp.broadcast_to(cap + jnp.arange(sc, dtype=jnp.int32), (b, sc, sc))
   rngs = None if rng is None else {"frame_select": rng}
-  plan = MemoryPlan.make(np.ones(sc, int), np.ones(sc, bool)) if model.cfg.loci.enabled else None
-  return model.apply(variables, x, t * flow.TIMESTEP_SCALE, frame_pos=frame_pos, mask=mask, context=context,
-                     cache=cache.entries(), cameras=cameras, local=local, rngs=rngs, memory_plan=plan,
-                     cache_frames=cache.frames)
+  return model.apply(variables, x, t * flow.TIMESTEP_SCALE, chunk_frames(cache, frame_pos, cameras), context=context,
+                     cache=cache, rngs=rngs)
 
 
 def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rng=None, slots=None):
   """Writes the raw keys/values of clean chunk ``x`` (forward at ``t = 0``) into cache slots.
 
   ``slots``: ``[Sc]`` int slot of each frame (default: the next ones, ``length .. length+Sc-1``);
-  the slots' positions are ``frame_pos`` and their cameras the chunk's.
+  the slots' positions are ``frame_pos`` and their cameras the chunk's. LOCI's state is replaced.
   """
   b, sc = x.shape[:2]
   _, own = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras, rng)
-  n = own["k"].shape[2] // sc
   slots = cache.length + jnp.arange(sc) if slots is None else jnp.asarray(slots, jnp.int32)
-  new = {}
-  for name, buf in cache.entries().items():
-    val = own[name].astype(buf.dtype)
-    if name not in WHOLE_ENTRIES:
-      for i in range(sc):
-        val_i = jax.lax.slice_in_dim(own[name].astype(buf.dtype), i * n, (i + 1) * n, axis=2)
-        buf = jax.lax.dynamic_update_slice_in_dim(buf, val_i, slots[i] * n, axis=2)
-      val = buf
-    new[name] = val
-  cams = cameras or {}
-  chunk_frames = {"pos": frame_pos.astype(jnp.float32),
-                  "c2w": cams.get("c2w", jnp.broadcast_to(jnp.eye(4), (b, sc, 4, 4))),
-                  "intrinsics": cams.get("intrinsics", jnp.broadcast_to(jnp.eye(3), (b, sc, 3, 3)))}
-  frames = {name: buf.at[:, slots].set(chunk_frames[name].astype(buf.dtype)) for name, buf in cache.frames.items()}
-  return cache.replace(k=new.pop("k"), v=new.pop("v"), aux=new, valid=cache.valid.at[:, slots].set(True),
-                       frames=frames, length=cache.length + sc)
+  return cache.write(own, slots, frame_pos, cameras)
 
 
 def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, guidance=1.0, cameras=None, rng=None):
@@ -207,12 +133,14 @@ class StreamingSampler:
     return KVCache.empty(self.cfg, self.rows, self.max_frames, self.tokens_per_frame, self.cfg.compute_dtype)
 
   def _cams(self, cameras):
+    """:class:`Cameras` of the rows (conditional and unconditional halves share them)."""
+    cameras = Cameras.of(cameras)
     if cameras is None:
       if self.cfg.camera_conditioned:
         raise ValueError(f"this model is camera-conditioned (model.camera.encoding={self.cfg.camera.encoding!r}, "
-                         f"plucker={self.cfg.camera.plucker}): pass cameras")
+                         f"plucker={self.cfg.camera.plucker}, loci={self.cfg.loci.enabled}): pass cameras")
       return None
-    return jax.tree_util.tree_map(self._rows, dict(cameras))
+    return cameras.rows(self.rows // self.batch_size)
 
   def start(self, first, cameras=None, cache=None):
     """Commits the conditioning frame(s) ``first [B, S0, h, w, C]`` at positions ``0..S0-1``."""
@@ -226,7 +154,8 @@ class StreamingSampler:
   def generate(self, cache, key, num_frames, cameras=None, start=None, slots=None, commit_before=None):
     """Generates the next ``num_frames`` frames after the cache's frames; returns ``(latents, cache)``.
 
-    ``cameras``: the new frames' ``c2w``/``intrinsics`` ``[B, num_frames, ...]`` and ``scale [B]``.
+    ``cameras``: the new frames' :class:`Cameras` (or a mapping with ``c2w``, ``intrinsics``)
+    ``[B, num_frames, ...]``, re-anchored on the trajectory's first frame.
     ``start``: temporal position of the first new frame (default: frames committed so far);
     ``slots``: cache slots the commit writes (default: the next ones); ``commit_before(x)``
     runs between denoising and the commit (memory bookkeeping) and may return new ``slots``.
@@ -252,7 +181,7 @@ class StreamingSampler:
 
     ``num_frames = 1 + k * chunk_size``; chunk ``c`` uses noise key ``fold_in(key, c)``.
     ``cameras``: the whole trajectory, ``c2w [B, F, 4, 4]`` (re-anchored on frame 0) and
-    ``intrinsics [B, F, 3, 3]``; its translation scale is computed once over all frames.
+    ``intrinsics [B, F, 3, 3]``; chunk ``c`` gets exactly the cameras :meth:`generate` would.
     ``memory``: a :class:`jaxwm.memory.MemoryPolicy` (default: the full cache, ``max_frames``
     slots); its policy decides which frames stay, in ``memory.capacity`` device slots, at compact
     positions. Its decisions use the first batch row's cameras. ``progress``: a tqdm bar;
@@ -269,17 +198,14 @@ class StreamingSampler:
       memory = FullMemory(self.max_frames)
 
     def frames(lo, hi):
-      if cameras is None:
-        return None
-      return {"c2w": cameras["c2w"][:, lo:hi], "intrinsics": cameras["intrinsics"][:, lo:hi], "scale": scale}
+      return None if cameras is None else cameras.frames(slice(lo, hi))
 
-    scale = None
     host_cams = None
+    cameras = Cameras.of(cameras)
     if cameras is not None:
-      validate_cameras(cameras["c2w"], cameras["intrinsics"])
-      scale = cameras.get("scale", trajectory_scale(jnp.asarray(cameras["c2w"])))
-      host_cams = {k: np.asarray(cameras[k], np.float64)[0] for k in ("c2w", "intrinsics")}
-      cameras = {k: jnp.asarray(cameras[k], jnp.float32) for k in ("c2w", "intrinsics")}
+      validate_cameras(cameras.c2w, cameras.intrinsics)
+      host_cams = {"c2w": np.asarray(cameras.c2w, np.float64)[0], "intrinsics": np.asarray(cameras.intrinsics,
+                                                                                           np.float64)[0]}
     slots = memory.capacity if slots is None else slots
     if slots < memory.capacity:
       raise ValueError(f"slots={slots} is below the memory policy's capacity {memory.capacity}")
@@ -369,25 +295,8 @@ class _SlotBook:
     pos = np.zeros(cache.valid.shape, np.float32)
     pos[:, slots] = np.arange(len(resident), dtype=np.float32)
     self.num_resident = len(resident)
-    return cache.replace(valid=jnp.asarray(valid), frames=dict(cache.frames, pos=jnp.asarray(pos)))
+    return cache.replace(valid=jnp.asarray(valid), pos=jnp.asarray(pos))
 
 
-def _read_slot(cache, slot, n):
-  """One slot's per-token entries and per-frame data (to keep on host)."""
-  tok = {name: jax.lax.dynamic_slice_in_dim(buf, slot * n, n, axis=2) for name, buf in cache.entries().items()
-         if name not in WHOLE_ENTRIES}
-  fr = {name: jax.lax.dynamic_index_in_dim(buf, slot, axis=1, keepdims=False) for name, buf in cache.frames.items()}
-  return {"tokens": tok, "frames": fr}
-
-
-def _write_slot(cache, slot, data, n):
-  entries = {name: (jax.lax.dynamic_update_slice_in_dim(buf, jnp.asarray(data["tokens"][name], buf.dtype), slot * n,
-                                                         axis=2) if name in data["tokens"] else buf)
-             for name, buf in cache.entries().items()}
-  frames = {name: buf.at[:, slot].set(jnp.asarray(data["frames"][name], buf.dtype))
-            for name, buf in cache.frames.items()}
-  return cache.replace(k=entries.pop("k"), v=entries.pop("v"), aux=entries, frames=frames)
-
-
-_read_slot_jit = jax.jit(_read_slot, static_argnums=2)
-_write_slot_jit = jax.jit(_write_slot, static_argnums=3, donate_argnums=0)
+_read_slot_jit = jax.jit(KVCache.read_slot, static_argnums=2)
+_write_slot_jit = jax.jit(KVCache.write_slot, static_argnums=3, donate_argnums=0)

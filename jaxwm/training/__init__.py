@@ -1,1 +1,1 @@
-"""Training: teacher-forcing layout, sharding, optimiser, data pipeline, checkpoints, loop."""
+"""Training: teacher-forcing layout, sharding, optimiser, data pipeline, loop (checkpoints: ``jaxwm.checkpoint``)."""

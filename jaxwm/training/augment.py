@@ -1,4 +1,4 @@
-"""ReWorld's training recipe for bounded memory (ReWorld §2.2-2.3; DESIGN §5).
+"""ReWorld's training recipe for bounded memory (ReWorld §2.2-2.3; docs/design.md §5).
 
 - Chunk drop: per step, keys of the sink chunk plus ``keep`` random other past chunks stay
   visible; the rest of the history is masked. Queries are never dropped (every frame keeps

@@ -1,4 +1,4 @@
-"""The teacher-forcing layout (DESIGN §2, ViewRope §3.4 Stage I).
+"""The teacher-forcing layout (docs/design.md §2, ViewRope §3.4 Stage I).
 
 Frames of a clip are grouped in chunks: chunk 0 is the conditioning first frame, then chunks
 of ``chunk_size`` frames (``num_frames = 1 + k * chunk_size``). The model sees one sequence
@@ -14,7 +14,11 @@ Both halves use the frames' own indices as temporal RoPE positions.
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
+
+from jaxwm.models.conditioning import Frames
+from jaxwm.models.loci import MemoryPlan
 
 
 def chunk_ids(num_frames, chunk_size):
@@ -54,6 +58,15 @@ class TeacherForcingLayout:
   @property
   def num_clean(self):
     return len(self.clean_frames)
+
+  def frames(self, batch, cameras=None, mask=None):
+    """:class:`jaxwm.models.conditioning.Frames` of the sequence for ``batch`` rows: positions, the
+    layout's ``mask`` (or the given one, e.g. with chunk drop), ``local`` and LOCI's memory plan;
+    ``cameras``: :class:`Cameras` of the sequence positions (clip frames ``frame_pos``)."""
+    n = len(self.frame_pos)
+    return Frames(pos=jnp.broadcast_to(jnp.asarray(self.frame_pos, jnp.float32), (batch, n)), cameras=cameras,
+                  mask=jnp.asarray(self.mask)[None] if mask is None else mask, local=jnp.asarray(self.local)[None],
+                  plan=MemoryPlan.make(self.chunk, self.writer))
 
 
 def diffusion_forcing_layout(num_frames, chunk_size):

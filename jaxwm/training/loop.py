@@ -16,10 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jaxwm.models import vae
+from jaxwm import checkpoint as ckpt_lib
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.transformer import WanModel
-from jaxwm.training import checkpoint as ckpt_lib
 from jaxwm.training import data as data_lib
 from jaxwm.training import sharding as sh
 from jaxwm.training.augment import routing_pool
@@ -147,37 +146,25 @@ class _Writers:
 
 
 def write_sample(trainer, params, step, path):
-  """Streams the first eval clip from its first frame and writes ground truth | generated as a GIF."""
-  from jaxwm.sampling import StreamingSampler  # pylint: disable=g-import-not-at-top
+  """Streams eval clip 0 (a rotation loop) from its first frame; writes ground truth | generated as a GIF."""
+  from jaxwm.sampling.clips import eval_clip, stream_clip  # pylint: disable=g-import-not-at-top
   from jaxwm.utils.media import side_by_side, write_video  # pylint: disable=g-import-not-at-top
-  cfg = trainer.config
-  source = data_lib.make_source(cfg.data, "eval")
-  window = data_lib.ClipWindow(cfg.data.num_frames, cfg.data.frame_stride, cfg.data.image_size)
-  clip = window.random_map(source[0], np.random.default_rng(0))
-  lat = vae.encode(jnp.asarray(clip["frames"])[None], cfg.data.latent_stride)
-  sampler = StreamingSampler(trainer.model, {"params": params}, batch_size=1, max_frames=cfg.data.num_frames,
-                             latent_hw=lat.shape[2:4], channels=lat.shape[-1], num_steps=cfg.sample.num_steps,
-                             shift=cfg.sample.shift)
-  cams = {"c2w": jnp.asarray(clip["c2w"])[None], "intrinsics": jnp.asarray(clip["intrinsics"])[None]}
-  out = sampler.rollout(lat[:, :1], cfg.data.num_frames, cfg.recipe.chunk_size, jax.random.key(step), cams)
-  frames = np.asarray(vae.to_uint8(vae.decode(out[0], cfg.data.latent_stride)))
+  clip = eval_clip(trainer.config, 0)
+  frames = stream_clip(trainer.model, {"params": params}, trainer.config, clip, key=jax.random.key(step))
   write_video(path, side_by_side(clip["frames"], frames), fps=4, scale=2)
 
 
 def _init_from(trainer, state, path):
   """Starts from the parameters of another run (the previous stage of a progressive recipe, ViewRope §3.4):
-  fresh optimizer state and step, parameters (EMA if kept) of ``path``'s latest checkpoint."""
-  from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
-  _, _, variables, src_step = load_model(path)
-  src, dst = variables["params"], state.params
-  if jax.tree_util.tree_structure(src) != jax.tree_util.tree_structure(dst):
-    raise ValueError(f"train.init_from={path!r}: its parameter tree differs from this config's model "
-                     "(a stage may change encodings, sparsity or data, not the parameter set)")
-  for (kp, a), b in zip(jax.tree_util.tree_leaves_with_path(src), jax.tree_util.tree_leaves(dst)):
-    if a.shape != b.shape:
-      raise ValueError(f"train.init_from={path!r}: parameter {jax.tree_util.keystr(kp)} has shape {a.shape}, "
-                       f"this model's is {b.shape}")
-  params = jax.device_put(src, trainer.state_shardings.params)
+  fresh optimizer state and step, parameters (EMA if kept) of ``path``'s latest checkpoint, restored alone
+  (params-only, :func:`jaxwm.sampling.load.restore_params`) into this run's parameter shardings."""
+  from jaxwm.sampling.load import restore_params  # pylint: disable=g-import-not-at-top
+  target = ckpt_lib.abstract_with_shardings(trainer.abstract_state.params, trainer.state_shardings.params)
+  try:
+    params, src_step, _ = restore_params(path, target)
+  except ValueError as e:
+    raise ValueError(f"train.init_from={path!r}: {e} (a stage may change encodings, sparsity or data, "
+                     "not the parameter set)") from None
   _say(f"initialised parameters from {path} (step {src_step})")
   ema = jax.tree_util.tree_map(jnp.copy, params) if state.ema else state.ema  # own buffers (donation)
   return state.replace(params=params, ema=ema)

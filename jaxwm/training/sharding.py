@@ -1,4 +1,4 @@
-"""Device mesh and logical-axis sharding rules (DESIGN §11).
+"""Device mesh and logical-axis sharding rules (docs/design.md §11).
 
 Parameters and activations carry logical axis names (``embed``, ``heads``, ``mlp``,
 ``layers``, ``batch``, ...). A rule table from the config maps them to mesh axes; the

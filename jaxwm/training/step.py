@@ -10,9 +10,9 @@ import numpy as np
 import optax
 
 from jaxwm.diffusion import flow
-from jaxwm.encodings.camera import trajectory_scale
 from jaxwm.models import vae
-from jaxwm.models.loci import MemoryPlan
+from jaxwm.models.init import init_params
+from jaxwm.models.conditioning import Cameras
 from jaxwm.training import augment
 from jaxwm.training.optim import ema_update
 
@@ -34,24 +34,12 @@ def latent_shape(config, num_clean_plus_noisy):
   return (1, num_clean_plus_noisy, s, s, 3 * config.data.latent_stride**2)
 
 
-def dummy_cameras(batch, frames, image_size):
-  """Identity poses and a centred pinhole: placeholders for shape-only initialisation."""
-  k = jnp.array([[image_size, 0.0, image_size / 2], [0.0, image_size, image_size / 2], [0.0, 0.0, 1.0]])
-  return {"c2w": jnp.broadcast_to(jnp.eye(4), (batch, frames, 4, 4)),
-          "intrinsics": jnp.broadcast_to(k, (batch, frames, 3, 3)), "scale": jnp.ones((batch,))}
-
-
 def make_init_fn(model, tx, shape, ema_decay, image_size, routing=None):
   """``key -> TrainState`` with boxed (logically partitioned) params; unbox after ``eval_shape``/``jit``.
   ``routing``: the head-routing pool (``jaxwm.training.augment.routing_pool``) or None."""
 
   def init(key):
-    s = shape[1]  # mask/local only matter for their shapes (frame-sparse models need them)
-    variables = model.init(key, jnp.zeros(shape, jnp.float32), jnp.zeros(shape[:2], jnp.float32),
-                           cameras=dummy_cameras(shape[0], s, image_size), mask=jnp.ones((1, s, s), bool),
-                           local=jnp.arange(s, dtype=jnp.int32)[None, :, None],
-                           memory_plan=MemoryPlan.make(np.arange(s), np.ones(s, bool)))
-    params = variables["params"]
+    params = init_params(model, key, shape, image_size)
     unboxed = nn.unbox(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(unboxed),
                       ema=jax.tree_util.tree_map(jnp.copy, params) if ema_decay > 0 else {},
@@ -61,7 +49,7 @@ def make_init_fn(model, tx, shape, ema_decay, image_size, routing=None):
 
 
 def make_loss_fn(model, layout, recipe, latent_stride):
-  """Flow-matching loss in a training layout (teacher forcing or diffusion forcing; DESIGN §2, §9).
+  """Flow-matching loss in a training layout (teacher forcing or diffusion forcing; docs/design.md §2, §9).
 
   ``loss(params, batch, key)`` with ``batch["frames"]`` uint8 ``[B, F, H, W, 3]``, ``c2w`` and
   ``intrinsics`` per frame: clean history and noisy chunks in one sequence (each frame with its
@@ -73,12 +61,9 @@ def make_loss_fn(model, layout, recipe, latent_stride):
   n_clean = layout.num_clean
   noisy_chunk = jnp.asarray(layout.chunk[n_clean:] - 1)
   n_chunks = int(layout.chunk.max())
-  frame_pos = jnp.asarray(layout.frame_pos)[None]
   mask = jnp.asarray(layout.mask)[None]
-  local = jnp.asarray(layout.local)[None]
   drop = recipe.get("chunk_drop", {})
   windows = recipe.get("head_windows", {})
-  plan = MemoryPlan.make(layout.chunk, layout.writer) if model.cfg.loci.enabled else None
 
   def step_mask(key, step, routing):
     """The layout mask with this step's chunk drop and per-head windows (ReWorld §2.2-2.3)."""
@@ -102,12 +87,9 @@ def make_loss_fn(model, layout, recipe, latent_stride):
     eps = jax.random.normal(k_eps, x0.shape, x0.dtype)
     seq = jnp.concatenate([clean, flow.noise(x0, eps, t)], axis=1)
     ts = jnp.concatenate([jnp.zeros((b, n_clean)), t * flow.TIMESTEP_SCALE], axis=1)
-    pos = jnp.broadcast_to(frame_pos, (b, frame_pos.shape[1]))
-    cameras = {"c2w": batch["c2w"][:, seq_frames], "intrinsics": batch["intrinsics"][:, seq_frames],
-               "scale": trajectory_scale(batch["c2w"])}
-    v, _ = model.apply({"params": params}, seq, ts, frame_pos=pos, mask=step_mask(key, step, routing), cameras=cameras,
-                       local=local,
-                       rngs={"frame_select": k_sel}, memory_plan=plan)
+    frames = layout.frames(b, Cameras(batch["c2w"], batch["intrinsics"]).frames(seq_frames),
+                           mask=step_mask(key, step, routing))
+    v, _ = model.apply({"params": params}, seq, ts, frames, rngs={"frame_select": k_sel})
     return jnp.mean(jnp.square(v[:, n_clean:] - flow.velocity_target(x0, eps)))
 
   return loss_fn

@@ -1,4 +1,4 @@
-"""Chunked gated delta rule kernels (KDA / Gated DeltaNet; DESIGN §7).
+"""Chunked gated delta rule kernels (KDA / Gated DeltaNet; docs/design.md §7).
 
 Same contract as ``jaxwm.ops.delta_rule.delta_rule_chunked`` plus ``interpret``:
 ``tpu_delta_rule`` (Mosaic; the grid walks the chunks with the state in VMEM scratch) and

@@ -4,7 +4,7 @@ Written with block-level operations that both Pallas lowerings accept (2-D array
 masks, matmuls, reductions, loops with masked row updates; no gathers, no triangular solve).
 Shapes: ``q`` (already scaled), ``k``, ``g`` (cumulative log-decay within the chunk) ``[C, K]``;
 ``v`` ``[C, V]``; ``beta`` ``[C, 1]``; state ``s`` ``[K, V]``. Only exponentials of non-positive
-numbers are taken. Forward (DESIGN §7):
+numbers are taken. Forward (docs/design.md §7):
 
     E_ijd = exp(G_id - G_jd)  (j <= i)
     A_ij  = beta_i sum_d k_id k_jd E_ijd  (j < i),   Aqk_ij = sum_d q_id k_jd E_ijd  (j <= i)

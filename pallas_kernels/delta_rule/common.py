@@ -4,7 +4,8 @@ Kernels work per (batch, head) on ``[T, K]`` slabs with ``T`` a multiple of the 
 scaled queries and the within-chunk cumulative log-decay. The forward kernel also returns the
 state at the start of every chunk (``[B, H, N, K, V]``), which the backward kernel reads while
 walking the chunks in reverse. Everything around the kernels (scale, cumulative sum,
-padding, transposes) is ordinary JAX and is differentiated by JAX.
+padding, transposes) is ordinary JAX and is differentiated by JAX. Input checks and
+preparation are the reference's public helpers (``jaxwm.ops.delta_rule``), so both agree.
 """
 
 import dataclasses
@@ -48,10 +49,10 @@ def make_delta_rule(forward, backward):
                  interpret=False):
     """Same contract as ``jaxwm.ops.delta_rule.delta_rule_chunked`` (``interpret=True``: CPU)."""
     dtype = v.dtype
-    q, k, v, g, beta, s0 = ref._prepare(q, k, v, g, beta, scale, initial_state)  # pylint: disable=protected-access
+    q, k, v, g, beta, s0 = ref.prepare_inputs(q, k, v, g, beta, scale, initial_state)
     b, t, h, _ = q.shape
     pad = (-t) % chunk_size
-    q, k, v, g, beta = (ref._pad_time(x, pad) for x in (q, k, v, g, beta))  # pylint: disable=protected-access
+    q, k, v, g, beta = (ref.pad_time(x, pad) for x in (q, k, v, g, beta))
     n = (t + pad) // chunk_size
     g = jnp.cumsum(g.reshape(b, n, chunk_size, h, -1), axis=2).reshape(g.shape)
     to = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, ...] -> [B, H, T, ...]

@@ -1,4 +1,4 @@
-"""Frame-sparse attention kernels (ViewRope Eq. 12; DESIGN §6).
+"""Frame-sparse attention kernels (ViewRope Eq. 12; docs/design.md §6).
 
 Same contract as ``jaxwm.ops.frame_sparse.gathered_attention`` plus ``block_q``, ``block_k``
 and ``interpret``: ``tpu_attention`` (Mosaic, ``PrefetchScalarGridSpec``) and

@@ -1,6 +1,11 @@
 """Orbax checkpoints: train state (restored into the current mesh's shardings), data-iterator
 state and config, written atomically (a temporary directory renamed on completion), async
 where available, keeping the newest ``keep``.
+
+A step's directory ``<directory>/<step>/`` holds the composite items ``state`` (the train state:
+``step``, ``params``, ``opt_state``, ``ema``, ``routing``), ``data`` and ``config``. Loading for
+inference reads single fields of ``state`` (:meth:`Checkpointer.restore_fields`), never the
+optimizer state.
 """
 
 import json
@@ -67,6 +72,34 @@ class Checkpointer:
   def restore_config(self, step=None):
     step = self.latest_step() if step is None else step
     return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+
+  def _state_dir(self, step):
+    path = self.directory / str(int(step)) / "state"
+    if not path.is_dir():
+      raise FileNotFoundError(f"no train state of step {step} in {self.directory}; steps: {self.all_steps()}")
+    return path
+
+  def state_metadata(self, step):
+    """Nested dict of the saved train state's fields (``params``, ``ema``, ...) with array metadata
+    leaves (``.shape``, ``.dtype``); nothing is read but the metadata file."""
+    return ocp.PyTreeCheckpointHandler().metadata(self._state_dir(step)).tree
+
+  def restore_fields(self, targets, step):
+    """Restores only the train-state fields named in ``targets`` (Orbax partial restore).
+
+    Args:
+      targets: ``{field: tree of jax.ShapeDtypeStruct with shardings}``, e.g. ``{"params": ...}``;
+        every other field (``opt_state``, ...) is left on disk, unread.
+      step: the checkpoint step.
+
+    Returns:
+      ``{field: tree of jax.Array}`` in the targets' shardings.
+    """
+    restore_args = jax.tree_util.tree_map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape,
+                                                                         dtype=a.dtype), targets)
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+      return ckptr.restore(self._state_dir(step), args=ocp.args.PyTreeRestore(
+          item=targets, restore_args=restore_args, partial_restore=True))
 
   def wait(self):
     self.manager.wait_until_finished()

@@ -1,0 +1,46 @@
+"""Config files list overrides; the model defaults live once, in ``jaxwm.models.config``."""
+
+import dataclasses
+import json
+
+import pytest
+
+from configs import repro, small, tiny, wan22_ti2v_5b
+from jaxwm.models.config import AttentionConfig, CameraConfig, LociConfig, ModelConfig, default_config_dict
+
+CONFIGS = {"tiny": tiny.get_config, "small": small.get_config, "wan22_ti2v_5b": wan22_ti2v_5b.get_config,
+           **{f"repro:{arm}": (lambda arm=arm: repro.get_config(arm)) for arm in repro.ARMS}}
+
+
+def _unknown_keys(block, cls, where="model"):
+  """Keys of the nested ``block`` that are not fields of dataclass ``cls`` (recursively)."""
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  bad = []
+  for key, value in block.items():
+    if key not in fields:
+      bad.append(f"{where}.{key}")
+    elif dataclasses.is_dataclass(fields[key].default):
+      bad += _unknown_keys(value, type(fields[key].default), f"{where}.{key}")
+  return bad
+
+
+def test_default_config_dict_is_the_dataclass_defaults():
+  d = default_config_dict()
+  assert set(d) == {f.name for f in dataclasses.fields(ModelConfig)}
+  assert d["camera"] == dataclasses.asdict(CameraConfig()) and d["loci"] == dataclasses.asdict(LociConfig())
+  assert d["attention"] == {f.name: f.default for f in dataclasses.fields(AttentionConfig)}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_model_block_keys_are_fields_and_survive_json(name):
+  c = CONFIGS[name]()
+  assert not _unknown_keys(c.model, ModelConfig)
+  built = ModelConfig.from_dict(c.model)
+  # What a checkpoint stores (JSON: tuples become lists) builds the same model.
+  assert ModelConfig.from_dict(json.loads(c.to_json())["model"]) == built
+
+
+def test_tiny_model_is_the_defaults_plus_its_overrides():
+  implied = dataclasses.replace(ModelConfig(), dim=192, ffn_dim=384, camera=CameraConfig(encoding="viewrope"),
+                                loci=LociConfig(blocks=(1, 3)))
+  assert ModelConfig.from_dict(tiny.get_config().model) == implied
