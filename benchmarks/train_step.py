@@ -21,6 +21,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import small, tiny  # noqa: E402
+from jaxwm.config_checks import resolve_batch_size  # noqa: E402
 from jaxwm.models.config import ModelConfig  # noqa: E402
 from jaxwm.models.transformer import WanModel  # noqa: E402
 from jaxwm.training import sharding as sh  # noqa: E402
@@ -143,6 +144,7 @@ def main():
         f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9}")
   for name in args.configs.split(","):
     config = {"tiny": tiny, "small": small}[name].get_config()
+    resolve_batch_size(config, 1)  # data.batch_size=0: per_device_batch_size on the one device used here
     config.train.workdir = "/tmp/jaxwm_bench"
     dt, tokens, flops = bench_jaxwm(config, args.steps)
     bdt, btok = bench_jaxwm_backbone(config, args.steps)

@@ -12,7 +12,7 @@ import pytest
 from conftest import random_poses, random_rotations, tiny_config
 
 from jaxwm.diffusion import flow
-from jaxwm.encodings.base import model_poses, tile_transform
+from jaxwm.encodings.base import tile_transform
 from jaxwm.encodings.channels import resolve_channels
 from jaxwm.encodings.prope import PRoPE
 from jaxwm.encodings.viewrope import viewrope_rotate

@@ -124,8 +124,9 @@ def test_kernels_match_reference(impl, case):
   n, block, dtype = KERNEL_CASES[case]
   fn = kernels.tpu_attention if impl == "pallas_tpu" else kernels.gpu_attention
   fq, fk = 3, 5
+  d = D if impl == "pallas_tpu" else 12  # GPU: head channels zero-padded to a power of two
   ks = jax.random.split(jax.random.key(6), 4)
-  q, k, v = (jax.random.normal(kk, (1, f * n, H, D), dtype) for kk, f in zip(ks, (fq, fk, fk)))
+  q, k, v = (jax.random.normal(kk, (1, f * n, H, d), dtype) for kk, f in zip(ks, (fq, fk, fk)))
   # top_k larger than the history: -1 slots, also before valid ones; frame 2 attends one frame only.
   idx = jnp.asarray([[[0, 2, -1], [4, -1, 1], [-1, -1, 3]]], jnp.int32)
   w = jax.random.normal(ks[3], q.shape)

@@ -3,7 +3,7 @@ clips from their first frame and trajectory and score what comes back.
 
   python -m jaxwm.evaluation.loop_closure --checkpoint runs/tiny [--clips 35] [--lpips lpips_alex.npz]
       [--family loops|palindrome] [--memory full,window,landmark] [--selection topk,random,exclude_selected]
-      [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--out results/loop_closure]
+      [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--out <path>] [--overwrite]
 
 ``loops``: the 35 rotate-away-and-back clips (30/45/75/90/180 degrees about the 7 axis
 combinations). Per magnitude and axis: PSNR / SSIM (LPIPS with weights) of all frames against
@@ -18,8 +18,12 @@ needle ``t >= 1`` was generated, with ``needle_resident`` the share of them stil
 when the mirror frame was generated.
 
 Comma-separated ``--memory``, ``--selection`` and ``--top-k`` run every combination (selection and
-top-k need a frame-sparse model). Writes ``<out>.json`` (per clip), ``<out>.md`` (tables) and with
-``--figures`` ``<out>_*.png`` (metric against magnitude per setting; attention and selection maps).
+top-k need a frame-sparse model). Writes ``<out>.json`` (per clip, strict JSON), ``<out>.md`` (tables)
+and with ``--figures`` ``<out>_*.png`` (metric against magnitude per setting; attention and selection
+maps). Without ``--out`` the results go next to the checkpoint, never into the repository:
+``<workdir>/loop_closure/<family>_step<k>_<n>`` with the first free ``n``; an existing ``--out`` is
+refused unless ``--overwrite``. Every argument is checked before the checkpoint is restored; a
+refusal is one line and exit code 2.
 """
 
 import argparse
@@ -31,6 +35,9 @@ import pathlib
 import sys
 
 import numpy as np
+
+from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, write_json, write_text
+from jaxwm.utils.cli import run as run_cli
 
 LOOP_COLS = ("psnr", "ssim", "lpips", "return_psnr", "return_ssim", "return_lpips", "covis_mass", "covis_chance")
 PALINDROME_COLS = ("psnr", "ssim", "lpips", "revisit_psnr", "revisit_ssim", "revisit_lpips", "needle_ssim",
@@ -148,8 +155,70 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   return rows
 
 
-def _list(s, cast=str):
-  return [cast(x) for x in s.split(",")] if s else [None]
+
+
+def _list(s, cast=str, flag=None):
+  if not s:
+    return [None]
+  try:
+    return [cast(x.strip()) for x in s.split(",")]
+  except ValueError:
+    raise Refusal(f"{flag}={s!r}: not a comma list of {cast.__name__}s") from None
+
+
+def run_dir(checkpoint):
+  """The training workdir of ``checkpoint`` (a workdir, its ``checkpoints/`` or one step's directory)."""
+  p = pathlib.Path(checkpoint).absolute()
+  if p.name.isdigit():
+    p = p.parent
+  if p.name == "checkpoints":
+    p = p.parent
+  return p
+
+
+def _outputs(out):
+  return [out.with_suffix(".json"), out.with_suffix(".md")]
+
+
+def _check_args(a, policies, selection_modes):
+  """Checks that need no checkpoint; returns ``(memories, memory_kwargs, selections, top_ks)``."""
+  if a.clips < 1:
+    raise Refusal(f"--clips={a.clips}: must be >= 1")
+  if a.steps is not None and a.steps < 1:
+    raise Refusal(f"--steps={a.steps}: must be >= 1 (Euler steps per chunk)")
+  if a.frames is not None and a.frames < 2:
+    raise Refusal(f"--frames={a.frames}: must be 1 + k * chunk_size with k >= 1")
+  if not 0 <= a.seed <= MAX_SEED:
+    raise Refusal(f"--seed={a.seed}: must be in [0, {MAX_SEED}]")
+  memories = _list(a.memory, flag="--memory")
+  bad = [m for m in memories if m not in policies]
+  if bad:
+    raise Refusal(f"--memory={bad[0]!r}: not one of {policies}")
+  try:
+    memory_kwargs = json.loads(a.memory_kwargs)
+  except json.JSONDecodeError as e:
+    raise Refusal(f"--memory-kwargs={a.memory_kwargs!r}: not JSON ({e})") from None
+  if not isinstance(memory_kwargs, dict) or not all(isinstance(v, dict) for v in memory_kwargs.values()):
+    raise Refusal(f"--memory-kwargs={a.memory_kwargs!r}: must be a JSON object of objects, "
+                  '{"<policy>": {"<argument>": value}}')
+  bad = [m for m in memory_kwargs if m not in memories]
+  if bad:
+    raise Refusal(f"--memory-kwargs: {bad[0]!r} is not among --memory={a.memory!r} (its arguments would be unused)")
+  selections, top_ks = _list(a.selection, flag="--selection"), _list(a.top_k, int, flag="--top-k")
+  bad = [s for s in selections if s is not None and s not in selection_modes]
+  if bad:
+    raise Refusal(f"--selection={bad[0]!r}: not one of {selection_modes}")
+  bad = [k for k in top_ks if k is not None and k < 1]
+  if bad:
+    raise Refusal(f"--top-k={bad[0]}: must be >= 1")
+  if a.lpips and not pathlib.Path(a.lpips).is_file():
+    raise Refusal(f"--lpips={a.lpips!r}: no such file")
+  if a.out is not None:
+    out = pathlib.Path(a.out)
+    existing = [p for p in _outputs(out) if p.exists()]
+    if existing and not a.overwrite:
+      raise Refusal(f"--out={a.out!r}: {existing[0]} exists; pass --overwrite to replace it or choose another --out")
+  return memories, memory_kwargs, selections, top_ks
 
 
 def figures(out, results, family):
@@ -189,12 +258,17 @@ def figures(out, results, family):
 
 
 def main(argv=None):
-  from jaxwm.memory import POLICIES  # pylint: disable=g-import-not-at-top
+  """``python -m jaxwm.evaluation.loop_closure ARGV``; returns the exit code (2: a refused argument)."""
+  return run_cli(_main, argv, "loop_closure")
+
+
+def _main(argv):
+  from jaxwm.memory import POLICIES, make_policy  # pylint: disable=g-import-not-at-top
   from jaxwm.ops.frame_sparse import SELECTION_MODES  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.clips import EVAL_FAMILIES  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint", required=True, help="training workdir or checkpoint directory")
-  p.add_argument("--clips", type=int, default=35)
+  p.add_argument("--clips", type=int, default=35, help="eval clips, >= 1")
   p.add_argument("--family", default="loops", choices=EVAL_FAMILIES)
   p.add_argument("--lpips", help="LPIPS weights (.npz from `python -m jaxwm.evaluation.lpips`)")
   p.add_argument("--memory", default="full", help=f"comma list of {', '.join(POLICIES)}")
@@ -205,31 +279,46 @@ def main(argv=None):
   p.add_argument("--probe", action="store_true", help="co-visible attention share (loops)")
   p.add_argument("--figures", action="store_true")
   p.add_argument("--frames", type=int, help="latent frames per clip (default: the training config's)")
-  p.add_argument("--steps", type=int)
+  p.add_argument("--steps", type=int, help="Euler steps per chunk, >= 1 (default: the checkpoint's)")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", default="results/loop_closure")
+  p.add_argument("--out", default=None, help="output prefix (default: <workdir>/loop_closure/<family>_step<k>_<n>)")
+  p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
   a = p.parse_args(argv)
+  memories, memory_kwargs, selections, top_ks = _check_args(a, POLICIES, SELECTION_MODES)
   from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
-  memories = _list(a.memory)
-  bad = [m for m in memories if m not in POLICIES]
-  if bad:
-    p.error(f"--memory {bad[0]!r} is not one of {POLICIES}")
   try:
-    memory_kwargs = json.loads(a.memory_kwargs)
-  except json.JSONDecodeError as e:
-    p.error(f"--memory-kwargs is not JSON: {e}")
-  selections, top_ks = _list(a.selection), _list(a.top_k, int)
-  bad = [s for s in selections if s is not None and s not in SELECTION_MODES]
-  if bad:
-    p.error(f"--selection {bad[0]!r} is not one of {SELECTION_MODES}")
-  config, model, variables, step = load_model(a.checkpoint)
+    config, model, variables, step = load_model(a.checkpoint)
+  except (FileNotFoundError, ValueError) as e:
+    raise Refusal(e) from None
   if (a.selection or a.top_k) and not model.cfg.attention.sparse:
-    p.error("--selection/--top-k need a frame-sparse model (model.attention.sparsity != dense)")
+    raise Refusal("--selection/--top-k need a frame-sparse model (model.attention.sparsity != dense)")
+  chunk, d = config.recipe.chunk_size, config.data
+  frames_n = a.frames or d.num_frames
+  if frames_n < 1 + chunk or (frames_n - 1) % chunk:
+    raise Refusal(f"--frames={frames_n}: must be 1 + k * {chunk} (the checkpoint's recipe.chunk_size) with k >= 1")
+  for mem in memories:
+    try:
+      make_policy(mem, max_frames=frames_n, chunk_frames=chunk, image_hw=(d.image_size, d.image_size),
+                  **memory_kwargs.get(mem, {}))
+    except (TypeError, ValueError) as e:
+      raise Refusal(f"--memory-kwargs for {mem!r}: {e}") from None
+  if a.out is None:
+    base = run_dir(a.checkpoint) / "loop_closure" / f"{a.family}_step{step}"
+    n = 0
+    while any(q.exists() for q in _outputs(pathlib.Path(f"{base}_{n}"))):
+      n += 1
+    out = pathlib.Path(f"{base}_{n}")
+    print(f"loop_closure: writing to {out}.json/.md (default --out: next to the checkpoint)")
+  else:
+    out = pathlib.Path(a.out)
   lpips_params = None
   if a.lpips:
     from jaxwm.evaluation.lpips import load_params  # pylint: disable=g-import-not-at-top
-    lpips_params = load_params(a.lpips)
+    try:
+      lpips_params = load_params(a.lpips)
+    except (OSError, ValueError, KeyError) as e:
+      raise Refusal(f"--lpips={a.lpips!r}: not LPIPS weights ({e})") from None
   else:
     print("LPIPS skipped: convert the public weights with `python -m jaxwm.evaluation.lpips --alexnet "
           "alexnet-owt-7be5be79.pth --lin alex.pth --out lpips_alex.npz` and pass --lpips lpips_alex.npz")
@@ -258,15 +347,13 @@ def main(argv=None):
     md += ["", f"## {name}", "", table(rows, "magnitude" if a.family == "loops" else "family", cols)]
     if a.family == "loops":
       md += ["", table(rows, "axes", cols)]
-  out = pathlib.Path(a.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   if a.figures:
     for path in figures(str(out), results, a.family):
       md += ["", f"![{pathlib.Path(path).stem}]({pathlib.Path(path).name})"]
   md = "\n".join(md) + "\n"
-  out.with_suffix(".json").write_text(json.dumps({"step": int(step), "family": a.family, "settings": results},
-                                                 indent=1))
-  out.with_suffix(".md").write_text(md)
+  write_json(out.with_suffix(".json"), {"step": int(step), "family": a.family, "settings": results})
+  write_text(out.with_suffix(".md"), md)
   print(md)
   print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
   return 0

@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxwm import kernels
-from jaxwm.encodings.base import ChannelPlan, Encoded
+from jaxwm.encodings.base import ChannelPlan
 from jaxwm.encodings.rope3d import apply_rotary
 from jaxwm.models.config import ModelConfig
-from jaxwm.models.layers import RMSNorm, dense
+from jaxwm.models.layers import RMSNorm, batch_mesh_axes, dense
 from jaxwm.ops import frame_sparse
 from jaxwm.ops.attention import attention_weights, dot_product_attention
 
@@ -96,7 +96,7 @@ class Attention(nn.Module):
     if self.kind == "hybrid":  # LOCI: softmax over the own chunk only
       frame_idx = mask.own_chunk()
       out = kernels.gathered_attention(q, k, v, frame_idx, tokens_per_frame=n, impl=cfg.attention.impl,
-                                       interpret=cfg.attention.interpret)
+                                       interpret=cfg.attention.interpret, batch_axes=batch_mesh_axes())
     elif cfg.attention.sparse:
       out, selected = self._sparse(q, k, v, mask)
       frame_idx = jnp.concatenate([jnp.broadcast_to(mask.local, selected.shape[:2] + mask.local.shape[-1:]),
@@ -130,4 +130,4 @@ class Attention(nn.Module):
     return kernels.frame_sparse_attention(
         q, k, v, tokens_per_frame=mask.tokens_per_frame, history=mask.history, local_idx=mask.local,
         top_k=ac.top_k, sparsity=ac.sparsity, num_samples=ac.num_samples, window=ac.window, mode=ac.selection,
-        key=key, select_key=select_key, impl=ac.impl, interpret=ac.interpret)
+        key=key, select_key=select_key, impl=ac.impl, interpret=ac.interpret, batch_axes=batch_mesh_axes())

@@ -4,7 +4,6 @@ Used by training (the real init, sharded by ``jit``) and by loading (``jax.eval_
 abstract tree that a checkpoint is restored into), so both agree on the parameter tree.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -44,3 +44,11 @@ class LayerNorm(nn.Module):
       y = y + self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (d,),
                          jnp.float32)
     return y
+
+
+def batch_mesh_axes():
+  """The mesh axes the logical ``batch`` axis maps to under the current ``nn.logical_axis_rules`` (``()``
+  without rules): where a Pallas kernel's batch is split (``jaxwm.kernels.per_batch_shard``)."""
+  spec = nn.logical_to_mesh_axes(("batch",))
+  axes = spec[0] if spec else None
+  return () if axes is None else (axes if isinstance(axes, tuple) else (axes,))

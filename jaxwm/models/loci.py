@@ -32,7 +32,7 @@ from jaxwm.encodings.base import model_poses, tile_transform
 from jaxwm.encodings.prope import PRoPE
 from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims
 from jaxwm.models.config import CameraConfig
-from jaxwm.models.layers import dense
+from jaxwm.models.layers import batch_mesh_axes, dense
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +122,8 @@ class RecurrentMemory(nn.Module):
       state = state * jnp.exp(jnp.repeat(log_gamma, 2, axis=-1))[..., None]  # decay once, at the first token
       zeros = jnp.zeros_like(k[:, t])
       _, state = kernels.delta_rule_chunked(zeros, k[:, t], v[:, t], zeros, beta[:, t], initial_state=state,
-                                            output_final_state=True, chunk_size=lc.chunk_size, impl=lc.impl)
+                                            output_final_state=True, chunk_size=lc.chunk_size, impl=lc.impl,
+                                            batch_axes=batch_mesh_axes())
     read = jnp.stack([before[c] for c in chunk.tolist()], axis=1)  # [B, S, H, K, V] state read per frame
     qf = q.reshape(b, len(chunk), n, h, d) * d**-0.5
     out = jnp.einsum("bsnhk,bshkv->bsnhv", qf, read).reshape(b, length, h, d)

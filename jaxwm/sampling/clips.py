@@ -2,7 +2,6 @@
 sample GIFs, ``sample.py``, the loop-closure benchmark and the quickstart notebook share.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

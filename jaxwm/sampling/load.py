@@ -1,6 +1,10 @@
 """Loading a trained model from an Orbax checkpoint directory (``sample.py``, notebooks, evaluation,
 ``train.init_from``): the config saved with the checkpoint, the model it describes, and its
 parameters (or their EMA) restored alone, never the optimizer state.
+
+Without an explicit step, the newest intact step is loaded: each damaged newer step is named with
+its reason in one line on stderr and left in place (:mod:`jaxwm.checkpoint`). An explicit step that
+is damaged raises :class:`jaxwm.checkpoint.DamagedCheckpointError` (a ``FileNotFoundError``).
 """
 
 import pathlib
@@ -33,21 +37,20 @@ def find_checkpoint_dir(path):
   return p, None
 
 
-def _open(path, step):
-  """``(Checkpointer, step)`` of ``path`` (see :func:`find_checkpoint_dir`); the latest step by default."""
+def _load(path, step, attempt):
+  """``(attempt(ckpt, step), step)`` on the given step (argument, or ``path``'s step directory) or else
+  the newest intact step of ``path`` (see :func:`find_checkpoint_dir`); damaged steps are reported."""
   ckpt_dir, found_step = find_checkpoint_dir(path)
   if not ckpt_dir.is_dir():
     raise FileNotFoundError(f"no checkpoint at {path}: {_NO_CHECKPOINT}")
   ckpt = Checkpointer(ckpt_dir, async_save=False)
-  step = step if step is not None else found_step if found_step is not None else ckpt.latest_step()
-  if step is None:
+  try:
+    if not ckpt.all_steps():
+      raise FileNotFoundError(f"no checkpoint in {ckpt_dir}: {_NO_CHECKPOINT}")
+    step = step if step is not None else found_step
+    return ckpt.restore_with(lambda s: attempt(ckpt, s), step, user_errors=(ParamTreeError,))
+  finally:
     ckpt.close()
-    raise FileNotFoundError(f"no checkpoint in {ckpt_dir}: {_NO_CHECKPOINT}")
-  if int(step) not in ckpt.all_steps():
-    steps = ckpt.all_steps()
-    ckpt.close()
-    raise FileNotFoundError(f"step={step}: no such checkpoint in {ckpt_dir}; steps: {sorted(steps)}")
-  return ckpt, int(step)
 
 
 def _config(ckpt, step):
@@ -57,12 +60,9 @@ def _config(ckpt, step):
 
 
 def load_config(path, step=None):
-  """The ``ConfigDict`` saved with a checkpoint (``path`` as in :func:`find_checkpoint_dir`)."""
-  ckpt, step = _open(path, step)
-  try:
-    return _config(ckpt, step)
-  finally:
-    ckpt.close()
+  """The ``ConfigDict`` saved with a checkpoint (``path`` as in :func:`find_checkpoint_dir`; the
+  newest intact step by default)."""
+  return _load(path, step, _config)[0]
 
 
 def abstract_params(model, config):
@@ -85,8 +85,12 @@ def _flat(tree):
   return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in kp): v for kp, v in leaves}
 
 
+class ParamTreeError(ValueError):
+  """A checkpoint's parameters are not those of the model (a presence or shape differs)."""
+
+
 def check_param_tree(saved, target, where):
-  """Raises a one-line ``ValueError`` naming the first parameter whose presence or shape differs.
+  """Raises a one-line :class:`ParamTreeError` naming the first parameter whose presence or shape differs.
 
   Args:
     saved: the checkpoint's parameter metadata tree (leaves with ``.shape``).
@@ -96,15 +100,15 @@ def check_param_tree(saved, target, where):
   saved, target = _flat(saved), _flat(target)
   for key, t in target.items():
     if key not in saved:
-      raise ValueError(f"{where}: parameter {key} of the model is not in the checkpoint "
-                       f"(checkpoint parameters: {len(saved)}, the model's: {len(target)})")
+      raise ParamTreeError(f"{where}: parameter {key} of the model is not in the checkpoint "
+                           f"(checkpoint parameters: {len(saved)}, the model's: {len(target)})")
     if tuple(saved[key].shape) != tuple(t.shape):
-      raise ValueError(f"{where}: parameter {key} has shape {tuple(saved[key].shape)}, the model's is "
-                       f"{tuple(t.shape)}")
+      raise ParamTreeError(f"{where}: parameter {key} has shape {tuple(saved[key].shape)}, the model's is "
+                           f"{tuple(t.shape)}")
   extra = [k for k in saved if k not in target]
   if extra:
-    raise ValueError(f"{where}: parameter {extra[0]} is not in the model ({len(extra)} checkpoint parameter(s) "
-                     "the model lacks)")
+    raise ParamTreeError(f"{where}: parameter {extra[0]} is not in the model ({len(extra)} checkpoint "
+                         "parameter(s) the model lacks)")
 
 
 def restore_params(path, target, step=None, use_ema=True):
@@ -113,20 +117,16 @@ def restore_params(path, target, step=None, use_ema=True):
   Args:
     path: a workdir, checkpoints directory or step directory (:func:`find_checkpoint_dir`).
     target: ``jax.ShapeDtypeStruct`` tree (with shardings) of the model's parameters.
-    step: the checkpoint step (default: ``path``'s step or the latest).
+    step: the checkpoint step (default: ``path``'s step or the newest intact one).
     use_ema: restore ``ema`` instead of ``params`` when the checkpoint kept a non-empty EMA.
 
   Returns:
     ``(params, step, field)``: arrays shaped and sharded like ``target``; ``field`` is ``"params"``
     or ``"ema"``. Raises ``ValueError`` (one line, naming the first differing parameter) when the
     checkpoint's parameter tree differs from ``target``, ``FileNotFoundError`` when there is no
-    checkpoint.
+    checkpoint (:class:`jaxwm.checkpoint.DamagedCheckpointError` when it is damaged).
   """
-  ckpt, step = _open(path, step)
-  try:
-    params, field = _restore_params(ckpt, step, target, use_ema)
-  finally:
-    ckpt.close()
+  (params, field), step = _load(path, step, lambda ckpt, s: _restore_params(ckpt, s, target, use_ema))
   return params, step, field
 
 
@@ -175,27 +175,29 @@ def load_model(path, step=None, use_ema=True, mesh=None, shardings=None):
 
   Args:
     path: a workdir, checkpoints directory or step directory (:func:`find_checkpoint_dir`).
-    step: the checkpoint step (default: the latest).
+    step: the checkpoint step (default: ``path``'s step or the newest intact one).
     use_ema: prefer the EMA parameters when the checkpoint has them.
     mesh: parameters are replicated over this mesh (default: a 1-device mesh of
       ``jax.devices()[:1]``).
     shardings: a ``jax.sharding.Sharding`` for every parameter, or a tree of them shaped like
       the parameters; overrides ``mesh``.
 
-  Raises ``FileNotFoundError`` with the command that makes one when there is none.
+  Raises ``FileNotFoundError`` with the command that makes one when there is none,
+  :class:`jaxwm.checkpoint.DamagedCheckpointError` when ``step`` (or every step) is damaged.
   """
-  ckpt, step = _open(path, step)
-  try:
+
+  def attempt(ckpt, step):
     config = _config(ckpt, step)
     model = WanModel(ModelConfig.from_dict(config.model))
     abstract = abstract_params(model, config)
-    if shardings is None:
-      if mesh is None:  # axis names as in training's (data, fsdp) meshes
-        mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
-      shardings = NamedSharding(mesh, P())
-    if isinstance(shardings, jax.sharding.Sharding):
-      shardings = jax.tree_util.tree_map(lambda _, s=shardings: s, abstract)
-    params, _ = _restore_params(ckpt, step, abstract_with_shardings(abstract, shardings), use_ema)
-  finally:
-    ckpt.close()
+    sh = shardings
+    if sh is None:
+      m = mesh if mesh is not None else Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
+      sh = NamedSharding(m, P())  # axis names as in training's (data, fsdp) meshes
+    if isinstance(sh, jax.sharding.Sharding):
+      sh = jax.tree_util.tree_map(lambda _, s=sh: s, abstract)
+    params, _ = _restore_params(ckpt, step, abstract_with_shardings(abstract, sh), use_ema)
+    return config, model, params
+
+  (config, model, params), step = _load(path, step, attempt)
   return config, model, {"params": params}, step

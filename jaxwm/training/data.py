@@ -28,11 +28,17 @@ def make_source(data_cfg, split="train"):
 
 
 def make_loader(data_cfg, seed, batch_size_per_process, split="train", num_epochs=None, shard=True):
-  """A ``grain.DataLoader`` of batches (a dict of stacked arrays); its iterator state is checkpointable."""
+  """A ``grain.DataLoader`` of batches (a dict of stacked arrays); its iterator state is checkpointable.
+
+  ``shard``: True reads this JAX process's share of the records, False all of them, or a
+  ``grain.ShardOptions`` names the share (e.g. to replay another process's data).
+  """
   source = make_source(data_cfg, split)
+  if isinstance(shard, bool):
+    shard = grain.ShardByJaxProcess(drop_remainder=True) if shard else grain.NoSharding()
   sampler = grain.IndexSampler(
       num_records=len(source),
-      shard_options=grain.ShardByJaxProcess(drop_remainder=True) if shard else grain.NoSharding(),
+      shard_options=shard,
       shuffle=True, num_epochs=num_epochs, seed=seed)
   ops = [ClipWindow(data_cfg.num_frames, data_cfg.frame_stride, data_cfg.image_size,
                     palindrome_prob=data_cfg.get("palindrome_prob", 0.0) if split == "train" else 0.0,

@@ -1,13 +1,23 @@
 """The training loop behind ``train.py``: mesh, sharded init or exact resume, jitted teacher-forcing
 steps, progress bar, TensorBoard/JSONL scalars, periodic sample GIFs, atomic checkpoints,
 and a stop on a non-finite loss before it can reach a checkpoint.
+
+A run holds an exclusive lock on its workdir (:class:`WorkdirLock`). Resuming restores the newest
+intact checkpoint (damaged ones are reported and set aside, :mod:`jaxwm.checkpoint`), refuses a
+config whose model differs from the checkpoint's (:func:`resume_config_differences`), rewinds
+``metrics.jsonl`` and TensorBoard to the restored step, re-applies ``train.keep`` and redoes a
+periodic sample that the previous run did not get to write.
 """
 
+import dataclasses
+import datetime
+import fcntl
 import json
 import logging
 import math
 import os
 import pathlib
+import socket
 import time
 
 import flax.linen as nn
@@ -29,6 +39,19 @@ from jaxwm.training.step import latent_shape, make_init_fn, make_loss_fn, make_t
 
 class NonFiniteLossError(FloatingPointError):
   """Raised when a step's loss is NaN or inf; the state of that step is never checkpointed."""
+
+
+class RunRefusedError(RuntimeError):
+  """:func:`run` refused to start (locked workdir, a checkpoint of another model, no intact
+  checkpoint) before training; the message is one line."""
+
+
+class WorkdirLockedError(RunRefusedError):
+  """Another live process holds the workdir's lock; nothing in the workdir was changed."""
+
+
+class ResumeConfigError(RunRefusedError, ValueError):
+  """The config's model (or a parameter-shaping data setting) differs from the checkpoint's."""
 
 
 class Trainer:
@@ -92,8 +115,9 @@ class Trainer:
     return data_lib.make_loader(self.config.data, self.config.seed if seed is None else seed, per_process)
 
   def checkpointer(self):
+    """The run's :class:`jaxwm.checkpoint.Checkpointer` (it sets damaged steps aside when resuming)."""
     return ckpt_lib.Checkpointer(self.workdir / "checkpoints", keep=self.config.train.keep,
-                                 async_save=self.config.train.async_checkpoint)
+                                 async_save=self.config.train.async_checkpoint, set_aside=True)
 
   def restore_target(self):
     return ckpt_lib.abstract_with_shardings(self.abstract_state, self.state_shardings)
@@ -115,20 +139,219 @@ def _say(msg):
     tqdm.write(msg)
 
 
-def _maybe_initialize_distributed(config):
-  if config.train.get("distributed", False) or "JAX_COORDINATOR_ADDRESS" in os.environ:
-    jax.distributed.initialize()
-    logging.info("jax.distributed initialised: process %d of %d", jax.process_index(), jax.process_count())
+def maybe_initialize_distributed(config):
+  """Joins a multi-process run when ``train.distributed`` or ``JAX_COORDINATOR_ADDRESS`` asks for one and
+  ``jax.distributed`` is not initialised yet. Outside clusters jax detects (TPU pods, SLURM, ...),
+  ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` name the run's size and this process; CPU processes
+  use gloo collectives."""
+  if not (config.train.get("distributed", False) or "JAX_COORDINATOR_ADDRESS" in os.environ):
+    return
+  if jax.distributed.is_initialized():
+    return
+  kw = {}
+  if "JAX_NUM_PROCESSES" in os.environ:
+    kw = {"num_processes": int(os.environ["JAX_NUM_PROCESSES"]), "process_id": int(os.environ["JAX_PROCESS_ID"])}
+  if os.environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**kw)
+  logging.info("jax.distributed initialised: process %d of %d", jax.process_index(), jax.process_count())
+
+
+class WorkdirLock:
+  """An exclusive lock on a workdir: ``<workdir>/.lock``, held with ``fcntl.flock`` for the life of
+  :func:`run` (the kernel releases it when the process dies, so a lock left by a dead process is
+  free and is taken over with a message). The file holds ``{"pid", "host", "started"}`` of the
+  holder, named when another run is refused. On file systems without ``flock`` the file alone is
+  the lock: a pid that is alive on this host (or any pid of another host) holds it.
+  """
+
+  def __init__(self, workdir):
+    self.path = pathlib.Path(workdir) / ".lock"
+    self._fd = None
+
+  @staticmethod
+  def _holder(fd):
+    try:
+      info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+      return info if isinstance(info, dict) else None
+    except (ValueError, UnicodeDecodeError, OSError):
+      return None
+
+  def _refusal(self, h):
+    return WorkdirLockedError(
+        f"workdir {self.path.parent} is in use by pid {h.get('pid')} on host {h.get('host')} (started "
+        f"{h.get('started')}; lock {self.path}): wait for that run to end or stop it, or pass another --workdir")
+
+  def acquire(self, say=None):
+    """Takes the lock or raises :class:`WorkdirLockedError` naming the holder (pid, host, start time);
+    the workdir must exist. Nothing is written unless the lock is taken."""
+    say = say or _say
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      flocked = True
+    except BlockingIOError:
+      h = self._holder(fd) or {}
+      os.close(fd)
+      raise self._refusal(h) from None
+    except OSError:  # no flock on this file system: the pid in the file decides
+      flocked = False
+    h = self._holder(fd)
+    me = {"pid": os.getpid(), "host": socket.gethostname(),
+          "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    if h and h.get("pid") != me["pid"]:
+      if not flocked and (h.get("host") != me["host"] or _pid_alive(h.get("pid"))):
+        os.close(fd)
+        raise self._refusal(h)
+      say(f"taking over the stale lock of pid {h.get('pid')} on host {h.get('host')} (started {h.get('started')}): "
+          "that process is gone")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    os.fsync(fd)
+    self._fd = fd
+    return self
+
+  def release(self):
+    """Empties the lock file and releases it (the file stays: unlinking a flock file races)."""
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+
+def _pid_alive(pid):
+  """Whether process ``pid`` exists on this host."""
+  try:
+    os.kill(int(pid), 0)
+  except PermissionError:  # alive, another user's
+    return True
+  except (ProcessLookupError, TypeError, ValueError, OverflowError):
+    return False
+  return True
+
+
+def _lock_workdir(workdir):
+  """:class:`WorkdirLock` taken by process 0; every process raises when it could not be taken."""
+  lock, err = WorkdirLock(workdir), None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except WorkdirLockedError as e:
+      err = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    if not int(multihost_utils.broadcast_one_to_all(np.int32(err is None))) and err is None:
+      err = WorkdirLockedError(f"workdir {workdir} is locked by another run (see process 0's message)")
+  if err is not None:
+    raise err
+  return lock
+
+
+# Model keys that change how the model is computed, not what it computes: a resume may change them (logged).
+_RUNTIME_MODEL_KEYS = ("model.dtype", "model.remat", "model.scan_unroll", "model.attention_impl",
+                       "model.attention.impl", "model.attention.interpret", "model.loci.impl", "model.loci.chunk_size")
+# Outside ``model``: settings that shape the parameters or the train state.
+_SHAPE_KEYS = ("data.image_size", "data.latent_stride", "recipe.head_windows.enabled")
+# Changes that are logged (one line each) on resume.
+_LOGGED = ("optim.", "train.num_steps", "data.", "recipe.", "seed")
+_ABSENT = "<absent>"
+
+
+def _flat(d, prefix=""):
+  """``{"a.b.c": value}`` of nested dicts; lists become tuples."""
+  out = {}
+  for k, v in (d.items() if hasattr(d, "items") else []):
+    key = f"{prefix}{k}"
+    if hasattr(v, "items"):
+      out.update(_flat(v, key + "."))
+    else:
+      out[key] = _tuples(v)
+  return out
+
+
+def _tuples(v):
+  return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def _model_flat(block):
+  """Flat ``model.*`` with the dataclass defaults filled in (the raw block if it does not parse)."""
+  try:
+    block = dict(block)
+    if "patch_size" in block:
+      block["patch_size"] = tuple(block["patch_size"])
+    return _flat(dataclasses.asdict(ModelConfig.from_dict(block)), "model.")
+  except (ValueError, TypeError, KeyError):
+    return _flat(block, "model.")
+
+
+def resume_config_differences(saved, config):
+  """Compares a checkpoint's saved config with the config of a run resuming it.
+
+  Args:
+    saved: the checkpoint's config (a dict, as saved).
+    config: the run's config (``ConfigDict`` or dict).
+
+  Returns:
+    ``(refused, logged)``: lists of ``(key, checkpoint value, config value)``. ``refused``: the
+    ``model`` block (but :data:`_RUNTIME_MODEL_KEYS`), the data settings that shape parameters,
+    the head-routing pool and EMA on/off (they shape the train state); ``logged``: the other
+    ``optim``, ``data``, ``recipe``, ``seed``, ``train.num_steps`` and runtime model keys.
+  """
+  cur = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  a = {**_flat({k: v for k, v in saved.items() if k != "model"}), **_model_flat(saved.get("model", {}))}
+  b = {**_flat({k: v for k, v in cur.items() if k != "model"}), **_model_flat(cur.get("model", {}))}
+  refused, logged = [], []
+  for key in sorted(set(a) | set(b)):
+    va, vb = a.get(key, _ABSENT), b.get(key, _ABSENT)
+    if va == vb:
+      continue
+    if (key.startswith("model.") and key not in _RUNTIME_MODEL_KEYS) or key in _SHAPE_KEYS:
+      refused.append((key, va, vb))
+    elif key == "recipe.head_windows.pool" and (a.get("recipe.head_windows.enabled") or b.get(
+        "recipe.head_windows.enabled")):
+      refused.append((key, va, vb))
+    elif key == "optim.ema_decay" and va != _ABSENT and vb != _ABSENT and (va > 0) != (vb > 0):
+      refused.append((key, va, vb))  # EMA on/off: the train state has (no) ema
+    elif key in _RUNTIME_MODEL_KEYS or key.startswith(_LOGGED):
+      logged.append((key, va, vb))
+  return refused, logged
+
+
+def _fmt(v):
+  return repr(v) if isinstance(v, str) and v != _ABSENT else str(v)
+
+
+def _check_resume_config(ckpt, step, config):
+  """Refuses (:class:`ResumeConfigError`, one line naming every differing key) a resume of ``step``
+  with another model; says each changed optimisation setting in one line."""
+  try:
+    saved = ckpt.restore_config(step)
+  except Exception as e:  # pylint: disable=broad-except
+    _say(f"note: checkpoint step {step} has no readable config ({type(e).__name__}); the model is not compared")
+    return
+  refused, logged = resume_config_differences(saved, config)
+  if refused:
+    diffs = "; ".join(f"{k}: {_fmt(va)} (checkpoint) != {_fmt(vb)}" for k, va, vb in refused)
+    raise ResumeConfigError(
+        f"cannot resume {ckpt.directory} step {step} with another model: {diffs}. Resume with the checkpoint's "
+        "values, or train in a new --workdir (train.init_from=<this workdir> starts from its parameters)")
+  for k, va, vb in logged:
+    _say(f"config changed since checkpoint step {step}: {k}: {_fmt(va)} -> {_fmt(vb)}")
 
 
 class _Writers:
-  """Scalars to TensorBoard event files and a JSONL file (process 0 only)."""
+  """Scalars to TensorBoard event files and a JSONL file (process 0 only), both rewound to ``start``:
+  ``metrics.jsonl`` loses its lines of steps > ``start`` (and torn lines), TensorBoard purges events
+  of steps > ``start`` (``purge_step``), so replayed steps are recorded once."""
 
-  def __init__(self, workdir):
+  def __init__(self, workdir, start=0):
     self.active = jax.process_index() == 0
     if self.active:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tb = SummaryWriter(str(workdir / "tb"))
+      _rewind_jsonl(workdir / "metrics.jsonl", start)
+      purge = start + 1 if list((workdir / "tb").glob("events.out.tfevents.*")) else None
+      self.tb = SummaryWriter(str(workdir / "tb"), purge_step=purge)
       self.jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
 
   def write(self, step, scalars):
@@ -143,6 +366,28 @@ class _Writers:
     if self.active:
       self.tb.close()
       self.jsonl.close()
+
+
+def _rewind_jsonl(path, step):
+  """Drops the lines of ``path`` with ``"step" > step`` (and unparsable ones: a write cut by a kill),
+  rewriting it atomically; says how many."""
+  if not path.exists():
+    return
+  lines = path.read_text(encoding="utf-8").splitlines()
+  keep, torn = [], 0
+  for line in lines:
+    try:
+      if json.loads(line)["step"] <= step:
+        keep.append(line)
+    except (ValueError, KeyError, TypeError):
+      torn += 1
+  if len(keep) == len(lines):
+    return
+  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+  tmp.write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+  os.replace(tmp, path)
+  _say(f"rewound {path} to step {step}: dropped {len(lines) - len(keep) - torn} line(s) of later steps"
+       + (f" and {torn} unreadable line(s)" if torn else "") + " (training replays them)")
 
 
 def write_sample(trainer, params, step, path):
@@ -165,6 +410,8 @@ def _init_from(trainer, state, path):
   except ValueError as e:
     raise ValueError(f"train.init_from={path!r}: {e} (a stage may change encodings, sparsity or data, "
                      "not the parameter set)") from None
+  except FileNotFoundError as e:  # none, or every step damaged
+    raise RunRefusedError(f"train.init_from={path!r}: {' '.join(str(e).split())}") from None
   _say(f"initialised parameters from {path} (step {src_step})")
   ema = jax.tree_util.tree_map(jnp.copy, params) if state.ema else state.ema  # own buffers (donation)
   return state.replace(params=params, ema=ema)
@@ -173,12 +420,55 @@ def _init_from(trainer, state, path):
 def run(config, workdir, mesh=None, progress=True):
   """Trains (or resumes) until ``config.train.num_steps``; returns ``(state, history)``.
 
-  ``history`` lists the per-step losses of this call. Raises :class:`NonFiniteLossError`
-  on a NaN/inf loss, before any checkpoint of that state.
+  ``history`` lists the per-step losses of this call. The workdir is locked for the call
+  (:class:`WorkdirLock`, process 0): a workdir locked by a live process raises
+  :class:`WorkdirLockedError` before anything in it is touched. Resuming restores the newest
+  intact checkpoint; a checkpoint of another model raises :class:`ResumeConfigError`, a
+  checkpoints directory with no intact step :class:`RunRefusedError` (both one line, before any
+  Orbax read of the state). Raises :class:`NonFiniteLossError` on a NaN/inf loss, before any
+  checkpoint of that state.
   """
-  _maybe_initialize_distributed(config)
+  maybe_initialize_distributed(config)
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
+  lock = _lock_workdir(workdir)
+  try:
+    return _run(config, workdir, mesh, progress)
+  finally:
+    lock.release()
+
+
+def _restore_or_init(trainer, ckpt, data_iter):
+  """``(state, start)``: the newest intact checkpoint (its model checked against the config), or a
+  fresh state (from ``train.init_from`` when set)."""
+  config = trainer.config
+  if not ckpt.all_steps():
+    state = trainer.init_state()
+    if config.train.get("init_from"):
+      state = _init_from(trainer, state, config.train.init_from)
+    return state, 0
+  try:
+    state, start = ckpt.restore(trainer.restore_target(), data_iter,
+                                check=lambda step: _check_resume_config(ckpt, step, config))
+  except ckpt_lib.DamagedCheckpointError as e:
+    raise RunRefusedError(str(e)) from None
+  _say(f"resumed from step {start} in {ckpt.directory}")
+  return state, start
+
+
+def _redo_missed_sample(trainer, params, start, workdir):
+  """Writes the periodic sample of the restored step when the previous run stopped before writing it."""
+  tc = trainer.config.train
+  if not (start and tc.sample_every and jax.process_index() == 0):
+    return
+  if start % tc.sample_every == 0 or start == tc.num_steps:
+    path = workdir / "samples" / f"step_{start:06d}.gif"
+    if not path.exists():
+      _say(f"writing {path}: the sample of step {start}, missed by the previous run")
+      write_sample(trainer, params, start, path)
+
+
+def _run(config, workdir, mesh, progress):
   trainer = Trainer(config, workdir, mesh)
   tc = config.train
   n_params = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(trainer.abstract_state.params))
@@ -187,20 +477,16 @@ def run(config, workdir, mesh=None, progress=True):
   loader = trainer.make_loader()
   data_iter = iter(loader)
   ckpt = trainer.checkpointer()
-  if ckpt.latest_step() is not None:
-    state, start = ckpt.restore(trainer.restore_target(), data_iter)
-    _say(f"resumed from step {start} in {ckpt.directory}")
-  else:
-    state, start = trainer.init_state(), 0
-    if tc.get("init_from"):
-      state = _init_from(trainer, state, tc.init_from)
-  base_key = jax.random.key(config.seed + 1)
-  writers = _Writers(workdir)
-  history = []
-  bar = tqdm(total=tc.num_steps, initial=start, disable=not progress or jax.process_index() != 0,
-             desc="train", dynamic_ncols=True)
-  t_last, steps_since = time.perf_counter(), 0
+  writers = bar = None
   try:
+    state, start = _restore_or_init(trainer, ckpt, data_iter)
+    _redo_missed_sample(trainer, state.params, start, workdir)
+    base_key = jax.random.key(config.seed + 1)
+    writers = _Writers(workdir, start)
+    history = []
+    bar = tqdm(total=tc.num_steps, initial=start, disable=not progress or jax.process_index() != 0,
+               desc="train", dynamic_ncols=True)
+    t_last, steps_since = time.perf_counter(), 0
     for step in range(start, tc.num_steps):
       batch = trainer.put_batch(next(data_iter))
       with jax.set_mesh(trainer.mesh):
@@ -229,7 +515,9 @@ def run(config, workdir, mesh=None, progress=True):
       if tc.sample_every and (done % tc.sample_every == 0 or done == tc.num_steps) and jax.process_index() == 0:
         write_sample(trainer, state.params, done, workdir / "samples" / f"step_{done:06d}.gif")
   finally:
-    bar.close()
-    writers.close()
+    if bar is not None:
+      bar.close()
+    if writers is not None:
+      writers.close()
     ckpt.close()
   return state, history

@@ -41,6 +41,12 @@ def _take_row(x, i):
   return jnp.sum(jnp.where(_rows(x.shape[0]) == i, x, 0.0), axis=0, keepdims=True)
 
 
+def _row_sums(x):
+  """``[1, n]`` row of the sums of ``x [n, m]``'s rows. Summing the transpose over sublanes keeps the result a
+  row; ``jnp.sum(x, axis=1)[None, :]`` needs a sublane gather, which TPU v4's Mosaic lacks."""
+  return jnp.sum(x.T, axis=0, keepdims=True)
+
+
 def _put_row(x, i, row):
   return jnp.where(_rows(x.shape[0]) == i, row, x)
 
@@ -63,8 +69,8 @@ def intra_chunk(q, k, g, beta):
     a, aqk = carry
     kk, _ = _pair_rows(k, k, g, i)
     qk, _ = _pair_rows(q, k, g, i)
-    a = _put_row(a, i, jnp.where(cols < i, jnp.sum(kk, axis=1)[None, :], 0.0) * _take_row(beta, i))
-    aqk = _put_row(aqk, i, jnp.sum(qk, axis=1)[None, :])
+    a = _put_row(a, i, jnp.where(cols < i, _row_sums(kk), 0.0) * _take_row(beta, i))
+    aqk = _put_row(aqk, i, _row_sums(qk))
     return a, aqk
 
   zero = jnp.zeros((c, c), _f32)
@@ -143,7 +149,7 @@ def chunk_backward(s, q, k, v, g, beta, do, ds_next):
   dkt = _dot_nt(vn, ds_next)  # [C, K]
   dk = dkt * jnp.exp(g_last - g)
   dg = dg - dkt * kt
-  dg_last = jnp.sum(dkt * kt, axis=0, keepdims=True) + jnp.sum(ds_next * s, axis=1)[None, :] * jnp.exp(g_last)
+  dg_last = jnp.sum(dkt * kt, axis=0, keepdims=True) + _row_sums(ds_next * s) * jnp.exp(g_last)
   dw = -_dot_nt(dvn, s)
   drw = solve_upper_t(a, dw)
   dru = solve_upper_t(a, dvn)

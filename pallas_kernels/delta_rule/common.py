@@ -24,7 +24,17 @@ class Dims:
   interpret: object
 
 
-def make_delta_rule(forward, backward):
+def _pad_last(x, size, axis=-1):
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, pad)
+
+
+def _pow2(n):
+  return 1 << (n - 1).bit_length()
+
+
+def make_delta_rule(forward, backward, pow2_channels=False):
   """``forward(q, k, v, g, beta, s0, dims) -> (o, states, s_final)``;
   ``backward(q, k, v, g, beta, states, do, ds_final, dims) -> (dq, dk, dv, dg, dbeta, ds0)``,
   all in the ``[B, H, T, ...]`` layout with ``beta [B, H, T, 1]``."""
@@ -50,6 +60,11 @@ def make_delta_rule(forward, backward):
     """Same contract as ``jaxwm.ops.delta_rule.delta_rule_chunked`` (``interpret=True``: CPU)."""
     dtype = v.dtype
     q, k, v, g, beta, s0 = ref.prepare_inputs(q, k, v, g, beta, scale, initial_state)
+    dk, dv = q.shape[-1], v.shape[-1]
+    if pow2_channels:  # zero channels: no key, value or state entry changes (Triton blocks are powers of two)
+      q, k, g = (_pad_last(x, _pow2(dk)) for x in (q, k, g))
+      v = _pad_last(v, _pow2(dv))
+      s0 = _pad_last(_pad_last(s0, _pow2(dk), -2), _pow2(dv))
     b, t, h, _ = q.shape
     pad = (-t) % chunk_size
     q, k, v, g, beta = (ref.pad_time(x, pad) for x in (q, k, v, g, beta))
@@ -58,7 +73,7 @@ def make_delta_rule(forward, backward):
     to = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, ...] -> [B, H, T, ...]
     dims = Dims(chunk=chunk_size, num_chunks=n, interpret=interpret)
     o, s = core(to(q), to(k), to(v), to(g), to(beta)[..., None], s0, dims)
-    o = jnp.swapaxes(o, 1, 2)[:, :t]
-    return o.astype(dtype), (s if output_final_state else None)
+    o = jnp.swapaxes(o, 1, 2)[:, :t, :, :dv]
+    return o.astype(dtype), (s[..., :dk, :dv] if output_final_state else None)
 
   return delta_rule

@@ -7,9 +7,13 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.delta_rule import chunk_math
 from pallas_kernels.delta_rule import common
+
+# Triton lowering whatever jax's default Pallas GPU backend is (Mosaic GPU since jax 0.7).
+_TRITON = pltriton.CompilerParams(num_warps=4, num_stages=2)
 
 _f32 = jnp.float32
 
@@ -63,7 +67,7 @@ def forward(q, k, v, g, beta, s0, dims):
       out_shape=[jax.ShapeDtypeStruct((b, h, t, dv), _f32),
                  jax.ShapeDtypeStruct((b, h, dims.num_chunks * dk, dv), _f32),
                  jax.ShapeDtypeStruct((b, h, dk, dv), _f32)],
-      interpret=dims.interpret, name="delta_rule_fwd_gpu")(q, k, v, g, beta, s0)
+      interpret=dims.interpret, compiler_params=_TRITON, name="delta_rule_fwd_gpu")(q, k, v, g, beta, s0)
   return o, states, s
 
 
@@ -77,7 +81,7 @@ def backward(q, k, v, g, beta, states, do, ds_final, dims):
       in_specs=specs + [_whole((dims.num_chunks * dk, dv)), _whole((t, dv)), _whole((dk, dv))],
       out_specs=specs + [_whole((dk, dv))],
       out_shape=[jax.ShapeDtypeStruct(x.shape, _f32) for x in (q, k, v, g, beta, ds_final)],
-      interpret=dims.interpret, name="delta_rule_bwd_gpu")(q, k, v, g, beta, states, do, ds_final))
+      interpret=dims.interpret, compiler_params=_TRITON, name="delta_rule_bwd_gpu")(q, k, v, g, beta, states, do, ds_final))
 
 
-delta_rule = common.make_delta_rule(forward, backward)
+delta_rule = common.make_delta_rule(forward, backward, pow2_channels=True)

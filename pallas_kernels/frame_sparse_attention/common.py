@@ -68,11 +68,17 @@ def accumulate_keys(part, idx, fk):
   return summed.transpose(0, 2, 1, 3, 4)
 
 
-def make_attention(forward, backward, default_multiple):
+def pad_channels(x, size):
+  """Zero-pads the last axis of ``x`` to ``size``."""
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])])
+
+
+def make_attention(forward, backward, default_multiple, pow2_channels=False):
   """Builds ``attention(q, k, v, frame_idx, *, tokens_per_frame, scale, block_q, block_k, interpret)``.
 
   ``forward(q, k, v, idx, dims) -> (o, lse)`` and ``backward(q, k, v, idx, o, lse, do, dims) ->
-  (dq, dk_part, dv_part)`` work in the padded frame layout.
+  (dq, dk_part, dv_part)`` work in the padded frame layout. ``pow2_channels``: head channels are
+  zero-padded to a power of two (Triton's blocks must be), which changes no logit.
   """
 
   @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -104,13 +110,17 @@ def make_attention(forward, backward, default_multiple):
     fq, fk = lq // n, k.shape[1] // n
     if frame_idx.shape[:2] != (b, fq):
       raise ValueError(f"frame_idx shape {frame_idx.shape} must start with (B, Fq) = {(b, fq)}")
+    scale = d**-0.5 if scale is None else scale
+    width = 1 << (d - 1).bit_length() if pow2_channels else d
+    if width != d:
+      q, k, v = (pad_channels(x, width) for x in (q, k, v))
     bq = round_block(n, block_q, default_multiple)
     bk = round_block(n, block_k, default_multiple)
     step = math.lcm(bq, bk)
     dims = Dims(n=n, np_=-(-n // step) * step, fq=fq, fk=fk, slots=frame_idx.shape[2], block_q=bq, block_k=bk,
-                scale=float(d**-0.5 if scale is None else scale), interpret=interpret)
+                scale=float(scale), interpret=interpret)
     idx = frame_idx.astype(jnp.int32).reshape(-1)
     out = core(to_frames(q, n, dims.np_), to_frames(k, n, dims.np_), to_frames(v, n, dims.np_), idx, dims)
-    return from_frames(out, n)
+    return from_frames(out, n)[..., :d]
 
   return attention

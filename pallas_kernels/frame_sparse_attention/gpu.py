@@ -13,8 +13,12 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.frame_sparse_attention import common
+
+# Triton lowering whatever jax's default Pallas GPU backend is (Mosaic GPU since jax 0.7).
+_TRITON = pltriton.CompilerParams(num_warps=4, num_stages=2)
 
 _f32 = jnp.float32
 
@@ -130,7 +134,7 @@ def _forward(q, k, v, idx, dims):
       out_specs=[pl.BlockSpec((None, None, dims.block_q, d), lambda b_, h_, i, qb: (b_, h_, i * dims.nq + qb, 0)),
                  pl.BlockSpec((None, None, dims.block_q), lambda b_, h_, i, qb: (b_, h_, i * dims.nq + qb))],
       out_shape=[jax.ShapeDtypeStruct((b, h, lq, d), q.dtype), jax.ShapeDtypeStruct((b, h, lq), _f32)],
-      interpret=dims.interpret, name="frame_sparse_fwd_gpu")(idx, _flat(q), _flat(k), _flat(v))
+      interpret=dims.interpret, compiler_params=_TRITON, name="frame_sparse_fwd_gpu")(idx, _flat(q), _flat(k), _flat(v))
   return o.reshape(q.shape), lse.reshape(q.shape[:4] + (1,))
 
 
@@ -150,7 +154,7 @@ def _backward(q, k, v, idx, o, lse, do, dims):
       in_specs=[idx_spec, qblk, whole(lk), whole(lk), qblk, rblk, rblk],
       out_specs=qblk,
       out_shape=jax.ShapeDtypeStruct((b, h, lq, d), _f32),
-      interpret=dims.interpret, name="frame_sparse_dq_gpu")(idx, _flat(q), _flat(k), _flat(v), _flat(do), lse_f,
+      interpret=dims.interpret, compiler_params=_TRITON, name="frame_sparse_dq_gpu")(idx, _flat(q), _flat(k), _flat(v), _flat(do), lse_f,
                                                             delta_f)
   part_rows = dims.fq * dims.slots * dims.np_
   kblk = pl.BlockSpec((None, None, dims.block_k, d), lambda b_, h_, g, kb: (b_, h_, g * dims.nk + kb, 0))
@@ -160,10 +164,10 @@ def _backward(q, k, v, idx, o, lse, do, dims):
       in_specs=[idx_spec, whole(lq), whole(lk), whole(lk), whole(lq), whole_row, whole_row],
       out_specs=[kblk, kblk],
       out_shape=[jax.ShapeDtypeStruct((b, h, part_rows, d), _f32)] * 2,
-      interpret=dims.interpret, name="frame_sparse_dkv_gpu")(idx, _flat(q), _flat(k), _flat(v), _flat(do), lse_f,
+      interpret=dims.interpret, compiler_params=_TRITON, name="frame_sparse_dkv_gpu")(idx, _flat(q), _flat(k), _flat(v), _flat(do), lse_f,
                                                              delta_f)
   shape = (b, h, dims.fq, dims.slots, dims.np_, d)
   return dq.reshape(q.shape), dk.reshape(shape), dv.reshape(shape)
 
 
-attention = common.make_attention(_forward, _backward, default_multiple=16)
+attention = common.make_attention(_forward, _backward, default_multiple=16, pow2_channels=True)

@@ -1,0 +1,203 @@
+"""Compile-only runs for TPU topologies this machine does not have (like MaxText's ``train_compile``).
+
+``python train.py --config ... --compile_only train --topology v5p:4x4x4`` builds the config's mesh
+from the topology's abstract devices (``jax.experimental.topologies``; needs the ``libtpu`` wheel,
+no TPU), ahead-of-time compiles the real sharded train step (``--compile_only sample``: the
+streaming sampler's per-chunk denoising and commit on one chip) with the real XLA/Mosaic TPU
+compilers and prints, per device, the argument, output, temporary and total HBM against the chip's
+capacity, the FLOPs of one step from the compiled cost analysis, and a roofline lower bound of
+the step time: ``max(FLOPs / peak, bytes accessed / bandwidth)``. It exits 1 when the step does not
+fit in the chip's HBM.
+"""
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Per-chip figures from Google Cloud's public TPU spec sheets."""
+  hbm_gib: float
+  bf16_tflops: float
+  hbm_gbps: float
+
+
+CHIPS = {
+    "v4": Chip(32, 275, 1228),
+    "v5e": Chip(16, 197, 819),
+    "v5p": Chip(95, 459, 2765),
+    "v6e": Chip(32, 918, 1640),
+}
+WHAT = ("train", "sample")
+
+
+def parse_topology(topology):
+  """``"v5p:4x4x4"`` -> ``("v5p", Chip, number of chips)``; ``ValueError`` naming the value otherwise."""
+  gen, _, shape = str(topology).partition(":")
+  if gen not in CHIPS or not shape:
+    raise ValueError(f"--topology={topology!r}: expected <generation>:<shape> with generation in {tuple(CHIPS)}, "
+                     "e.g. v5p:4x4x4 or v5e:2x2")
+  try:
+    dims = [int(x) for x in shape.split("x")]
+  except ValueError:
+    raise ValueError(f"--topology={topology!r}: the shape {shape!r} is not like 4x4x4") from None
+  if not dims or min(dims) < 1:
+    raise ValueError(f"--topology={topology!r}: the shape {shape!r} is not like 4x4x4")
+  return gen, CHIPS[gen], int(np.prod(dims))
+
+
+def topology_devices(topology):
+  """The abstract devices of ``topology`` (compilation only: nothing runs on them)."""
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  gen, _, _ = parse_topology(topology)
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: other processes may hold libtpu
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", {"v5e": "v5litepod-4", "v6e": "v6e-4"}.get(gen, f"{gen}-8"))
+  try:
+    return topologies.get_topology_desc(topology, "tpu").devices
+  except Exception as e:  # libtpu missing, or a shape the TPU runtime refuses
+    raise ValueError(f"--topology={topology!r}: no abstract TPU devices ({str(e).splitlines()[0]}); "
+                     "install libtpu with `pip install \"jax[tpu]\"` (no TPU needed)") from e
+
+
+def _abstract(tree, shardings):
+  return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+
+
+def compile_train(config, devices):
+  """AOT-compiles the sharded train step of ``config`` over ``devices``; returns ``(compiled step,
+  analytic FLOPs per device)``."""
+  from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
+  mesh = sh.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
+  tr = Trainer(config, "/nonexistent-compile-only", mesh=mesh)
+  d = config.data
+  b, f, s = d.batch_size, d.num_frames, d.image_size
+  batch = {"frames": jax.ShapeDtypeStruct((b, f, s, s, 3), jnp.uint8),
+           "c2w": jax.ShapeDtypeStruct((b, f, 4, 4), jnp.float32),
+           "intrinsics": jax.ShapeDtypeStruct((b, f, 3, 3), jnp.float32)}
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sh.replicated(mesh))
+  state = _abstract(tr.abstract_state, tr.state_shardings)
+  with jax.set_mesh(mesh):
+    compiled = tr.train_step.lower(state, _abstract(batch, tr.batch_shardings), key).compile()
+  seq = len(tr.layout.frame_pos)
+  per_frame = tr.tokens_per_step // (b * seq)
+  flops = model_flops(tr.model_cfg, tr.abstract_state.params, seq * per_frame, seq * per_frame) * b / len(devices)
+  return compiled, flops
+
+
+def compile_sample(config, devices):
+  """AOT-compiles one chunk of streaming (denoising, then the commit) on the first device; returns
+  ``((denoise, analytic FLOPs), (commit, analytic FLOPs))``."""
+  from jax.sharding import SingleDeviceSharding  # pylint: disable=g-import-not-at-top
+  from jaxwm.diffusion import flow  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.cache import KVCache  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.conditioning import Cameras  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling import streaming  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.load import abstract_params  # pylint: disable=g-import-not-at-top
+  one = SingleDeviceSharding(devices[0])
+  model = WanModel(ModelConfig.from_dict(config.model))
+  cfg, d = model.cfg, config.data
+  hw = d.image_size // d.latent_stride
+  chunk, ch = config.recipe.chunk_size, 3 * d.latent_stride**2
+  n = (hw // cfg.patch_size[1]) * (hw // cfg.patch_size[2])
+  put = lambda tree: jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), tree)  # pylint: disable=unnecessary-lambda-assignment
+  variables = put({"params": abstract_params(model, config)})
+  cache = put(jax.eval_shape(lambda: KVCache.empty(cfg, 1, d.num_frames, n, cfg.compute_dtype)))
+  x = put(jax.ShapeDtypeStruct((1, chunk, hw, hw, ch), jnp.float32))
+  pos = put(jax.ShapeDtypeStruct((1, chunk), jnp.float32))
+  cams = put(jax.eval_shape(lambda: Cameras.identity(1, chunk)))
+  ctx = put(jax.ShapeDtypeStruct((1, 1, cfg.text_dim), jnp.float32)) if cfg.cross_attn else None
+  rng = put(jax.ShapeDtypeStruct((), jax.random.key(0).dtype)) if cfg.attention.sparse else None
+  schedule = flow.sampling_schedule(config.sample.num_steps, config.sample.shift)
+  denoise = jax.jit(streaming.denoise, static_argnames=("model", "guidance")).lower(
+      model=model, variables=variables, cache=cache, noise=x, frame_pos=pos, schedule=put(schedule), context=ctx,
+      guidance=1.0, cameras=cams, rng=rng).compile()
+  commit = jax.jit(streaming.commit, static_argnums=(0,)).lower(model, variables, cache, x, pos, ctx, cams,
+                                                               rng).compile()
+  once = model_flops(cfg, variables["params"], chunk * n, (d.num_frames + chunk) * n, context=1, backward=False)
+  return (denoise, once * config.sample.num_steps), (commit, once)
+
+
+def model_flops(model_cfg, params, tokens, keys, context=0, backward=True):
+  """Analytic FLOPs of one forward (and backward) over ``tokens`` query tokens per device.
+
+  ``2 * (matmul parameters) * tokens`` for the dense layers (cross-attention keys/values over
+  ``context`` tokens), ``4 * tokens * keys * dim`` per layer for dense softmax attention (scores and
+  values over ``keys`` keys); a backward pass costs twice a forward, and a rematerialised forward
+  is counted once more. XLA's cost analysis counts a scanned layer's body once, so this is the
+  number the roofline uses.
+  """
+  matmul = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(params) if a.ndim >= 2)
+  fwd = 2.0 * matmul * tokens + 4.0 * tokens * keys * model_cfg.dim * model_cfg.num_layers
+  if context and model_cfg.cross_attn:
+    fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
+  if not backward:
+    return fwd
+  return fwd * (3.0 + (1.0 if model_cfg.remat != "none" else 0.0))
+
+
+def report(compiled, chip, label, flops=None):
+  """Per-device memory, FLOPs and roofline of one compiled program: ``(lines, fits)``; ``flops``: the
+  analytic count (:func:`model_flops`), used instead of the compiled cost analysis when given."""
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  gib = 1024.0**3
+  arg, out, tmp = mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.temp_size_in_bytes
+  alias = getattr(mem, "alias_size_in_bytes", 0)
+  total = arg + out - alias + tmp + getattr(mem, "generated_code_size_in_bytes", 0)
+  xla_flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  flops = xla_flops if flops is None else flops
+  t_flops, t_bytes = flops / (chip.bf16_tflops * 1e12), accessed / (chip.hbm_gbps * 1e9)
+  fits = total <= chip.hbm_gib * gib
+  lines = [f"{label}: per device: arguments {arg / gib:.2f} GiB, outputs {out / gib:.2f} GiB (aliased "
+           f"{alias / gib:.2f}), temporaries {tmp / gib:.2f} GiB, total {total / gib:.2f} GiB of {chip.hbm_gib:g} GiB "
+           f"HBM -> {'fits' if fits else 'DOES NOT FIT'}",
+           f"{label}: {flops / 1e12:.3f} TFLOP (analytic; XLA's cost analysis: {xla_flops / 1e12:.3f}, one scanned "
+           f"layer body) and {accessed / 1e9:.2f} GB accessed per device; roofline lower bound "
+           f"{max(t_flops, t_bytes) * 1e3:.2f} ms ({'compute' if t_flops >= t_bytes else 'memory'}-bound; "
+           f"{chip.bf16_tflops:g} TFLOP/s bf16, {chip.hbm_gbps:g} GB/s)"]
+  return lines, fits
+
+
+def run(config, topology, what="train"):
+  """Compiles ``what`` (``train`` | ``sample``) of ``config`` for ``topology``, prints the report and returns
+  ``(lines, fits)``."""
+  if what not in WHAT:
+    raise ValueError(f"--compile_only={what!r}: must be one of {WHAT}")
+  gen, chip, chips = parse_topology(topology)
+  devices = topology_devices(topology)
+  if not config.data.get("batch_size", 0):  # 0: per-device batch x the topology's chips on the batch axes
+    from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
+    config_checks.resolve_batch_size(config, chips)
+  head = (f"{what} step of model dim {config.model.dim} x {config.model.num_layers} layers on {topology} "
+          f"({chips} chips of {gen}); mesh data={config.mesh.data} fsdp={config.mesh.fsdp}; remat={config.model.remat}")
+  lines, fits = [head], True
+  cache_on = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)  # TPU executables cannot be loaded here anyway
+  try:
+    if what == "train":
+      try:
+        compiled, flops = compile_train(config, devices)
+        out, fits = report(compiled, chip, "train step", flops)
+      except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses programs over the chip's HBM
+        if "RESOURCE_EXHAUSTED" not in str(e):
+          raise
+        out, fits = [f"train step: DOES NOT FIT: {str(e).splitlines()[0]}"], False
+      lines += out
+    else:
+      for label, (compiled, flops) in zip(("denoise chunk", "commit chunk"), compile_sample(config, devices)):
+        out, ok = report(compiled, chip, label, flops)
+        lines += out
+        fits = fits and ok
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache_on)
+  for line in lines:
+    print(line)
+  return lines, fits

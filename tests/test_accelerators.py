@@ -1,0 +1,126 @@
+"""Proven for accelerators this machine lacks: the Pallas kernels compile with the real Mosaic TPU
+compiler for abstract v4/v5e/v5p/v6e chips (forward and backward), the GPU kernels lower to
+Triton whatever jax's default Pallas GPU backend is, and ``train.py --compile_only`` compiles the
+sharded train step and the streaming step for a TPU topology and reports memory and FLOPs."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import tiny_config
+
+from jaxwm import kernels
+
+pytest.importorskip("libtpu", reason="libtpu (pip install 'jax[tpu]') compiles for abstract TPU devices")
+
+# Wan's attention head (D = 128), 480x832 latents (390 tokens per frame), bf16; the tiny model's head.
+SHAPES = {"wan": dict(heads=4, head_dim=128, tokens=390, frames=8, slots=4, dtype=jnp.bfloat16, t=1024),
+          "tiny": dict(heads=4, head_dim=48, tokens=16, frames=9, slots=3, dtype=jnp.float32, t=64)}
+
+
+def _programs(impl, shape, sharding=None, grads_only=False):
+  """``{name: (function, abstract args)}``: frame-sparse and delta-rule kernels, forward and backward
+  (``grads_only``: the gradients alone, whose programs run the forward kernels too)."""
+  s = shape
+  sds = lambda shp, dt: jax.ShapeDtypeStruct(shp, dt, sharding=sharding)  # pylint: disable=unnecessary-lambda-assignment
+  q = sds((1, s["frames"] * s["tokens"], s["heads"], s["head_dim"]), s["dtype"])
+  idx = sds((1, s["frames"], s["slots"]), jnp.int32)
+
+  def fs(q, k, v, i):
+    return kernels.gathered_attention(q, k, v, i, tokens_per_frame=s["tokens"], impl=impl)
+
+  def fs_grad(q, k, v, i):
+    return jax.grad(lambda q, k, v: fs(q, k, v, i).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
+
+  x = sds((1, s["t"], 2, s["head_dim"]), jnp.float32)
+  beta = sds((1, s["t"], 2), jnp.float32)
+
+  def dr(*a):
+    return kernels.delta_rule_chunked(*a, impl=impl)[0]
+
+  def dr_grad(*a):
+    return jax.grad(lambda *a: dr(*a).sum(), tuple(range(5)))(*a)
+
+  grads = {"frame_sparse_grad": (fs_grad, (q, q, q, idx)), "delta_rule_grad": (dr_grad, (x, x, x, x, beta))}
+  if grads_only:
+    return grads
+  return {"frame_sparse": (fs, (q, q, q, idx)), "delta_rule": (dr, (x, x, x, x, beta)), **grads}
+
+
+@pytest.mark.parametrize("topology,shape", [("v5e:2x2", "wan"), ("v5p:2x2x1", "wan"), ("v6e:2x2", "wan"),
+                                            ("v4:2x2x1", "wan"), ("v5e:2x2", "tiny")])
+def test_pallas_kernels_compile_for_tpu(topology, shape):
+  from jax.sharding import SingleDeviceSharding  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.compile_only import topology_devices  # pylint: disable=g-import-not-at-top
+  one = SingleDeviceSharding(topology_devices(topology)[0])
+  for name, (fn, args) in _programs("pallas_tpu", SHAPES[shape], one, grads_only=True).items():
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    assert text.count("tpu_custom_call") >= 2, name  # forward and backward Mosaic kernels, no XLA fallback
+
+
+@pytest.mark.parametrize("shape", ["wan", "tiny"])
+def test_gpu_kernels_lower_to_triton_whatever_the_default_backend(shape):
+  from jax import export  # pylint: disable=g-import-not-at-top
+  assert jax.config.jax_pallas_use_mosaic_gpu  # jax's default Pallas GPU backend: the kernels must ask for Triton
+  triton = "__gpu$xla.gpu.triton"
+  for name, (fn, args) in _programs("pallas_gpu", SHAPES[shape]).items():
+    exp = export.export(jax.jit(fn), platforms=["cuda"],
+                        disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)])(*args)
+    text = exp.mlir_module()
+    assert triton in text and "mosaic_gpu" not in text, name
+
+
+def test_compile_only_reports_memory_and_flops(capsys):
+  from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
+  c = tiny_config()
+  c.mesh.update(data=2, fsdp=2)
+  lines, fits = compile_only.run(c, "v5e:2x2", "train")
+  assert fits and "4 chips of v5e" in lines[0]
+  assert "of 16 GiB HBM -> fits" in lines[1] and "roofline lower bound" in lines[2]
+  lines, fits = compile_only.run(c, "v5e:2x2", "sample")
+  assert fits and any(line.startswith("commit chunk") for line in lines)
+  assert "roofline" in capsys.readouterr().out
+  with pytest.raises(ValueError, match="--topology='v9:2x2'"):
+    compile_only.run(c, "v9:2x2")
+  with pytest.raises(ValueError, match="mesh"):  # 8 devices asked of a 4-chip topology
+    c.mesh.update(data=4, fsdp=2)
+    compile_only.run(c, "v5e:2x2")
+
+
+def test_compile_only_with_pallas_kernels_on_a_sharded_mesh():
+  """Frame-sparse and LOCI kernels inside the sharded train step (run per batch shard in shard_map)."""
+  from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
+  sparse = tiny_config(**{"data.num_frames": 7, "data.clip_frames": 13})
+  sparse.model.attention.update(sparsity="frame_topk", top_k=1, num_samples=4, impl="pallas_tpu")
+  loci = tiny_config()
+  loci.model.loci.update(enabled=True, blocks=(1,), chunk_size=16, impl="pallas_tpu")
+  for c in (sparse, loci):
+    c.mesh.update(data=2, fsdp=2)
+    assert compile_only.run(c, "v5e:2x2", "train")[1]
+
+
+def test_kernels_run_per_batch_shard_under_a_mesh():
+  """``batch_axes``: the kernels (interpreted on CPU) split over a 2x2 mesh equal the references."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.sharding import make_mesh  # pylint: disable=g-import-not-at-top
+  mesh = make_mesh(2, 2, jax.devices()[:4])
+  axes = ("data", "fsdp")
+  put = lambda x: jax.device_put(x, NamedSharding(mesh, P(axes)))  # pylint: disable=unnecessary-lambda-assignment
+  ks = jax.random.split(jax.random.key(0), 8)
+  n, f = 4, 3
+  q, k, v = (put(jax.random.normal(kk, (4, f * n, 2, 8))) for kk in ks[:3])
+  idx = put(jnp.asarray(np.tile([[[0, -1], [1, 0], [2, 1]]], (4, 1, 1)), jnp.int32))
+  x = [put(jax.random.normal(kk, (4, 16, 2, 8))) for kk in ks[3:6]]
+  g = put(-jnp.abs(jax.random.normal(ks[6], (4, 16, 2, 8))))
+  beta = put(jax.nn.sigmoid(jax.random.normal(ks[7], (4, 16, 2))))
+  with jax.set_mesh(mesh):
+    for impl in ("pallas_tpu", "pallas_gpu"):
+      got = jax.jit(lambda *a, impl=impl: kernels.gathered_attention(
+          *a, tokens_per_frame=n, impl=impl, interpret=True, batch_axes=axes))(q, k, v, idx)
+      want = kernels.gathered_attention(q, k, v, idx, tokens_per_frame=n)
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+      o, s = jax.jit(lambda *a, impl=impl: kernels.delta_rule_chunked(
+          *a, chunk_size=8, impl=impl, interpret=True, output_final_state=True, batch_axes=axes))(*x, g, beta)
+      o_ref, s_ref = kernels.delta_rule_chunked(*x, g, beta, chunk_size=8, output_final_state=True)
+      np.testing.assert_allclose(np.asarray(o), np.asarray(o_ref), atol=1e-4)
+      np.testing.assert_allclose(np.asarray(s), np.asarray(s_ref), atol=1e-4)
