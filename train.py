@@ -63,6 +63,8 @@ def _check_config(config, workdir):
   try:
     if not workdir:
       raise config_checks.ConfigError("--workdir", workdir, "must be a non-empty path")
+    if _FLAGS["topology"].value and not _FLAGS["compile_only"].value:
+      raise config_checks.ConfigError("--topology", _FLAGS["topology"].value, "only with --compile_only train|sample")
     notes = config_checks.validate(config, workdir=workdir)  # no device touched yet
     if _FLAGS["compile_only"].value:  # the abstract devices of --topology
       from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
@@ -86,17 +88,14 @@ def main(argv):
   workdir = _FLAGS["workdir"].value or config.train.workdir
   for note in _check_config(config, workdir):
     print(f"train.py: {note}")
-  from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
   if _FLAGS["compile_only"].value:
     from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
-    if not _FLAGS["topology"].value:
-      sys.exit("train.py: --compile_only needs --topology, e.g. --topology v5e:2x2")
     try:
       _, fits = compile_only.run(config, _FLAGS["topology"].value, _FLAGS["compile_only"].value)
     except ValueError as e:
-      print(f"train.py: {e}", file=sys.stderr)
-      sys.exit(2)
+      _refuse(e)
     sys.exit(0 if fits else 1)
+  from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax and grain are chatty at INFO
   from jaxwm.training.loop import RunRefusedError  # pylint: disable=g-import-not-at-top
   try:

@@ -314,6 +314,8 @@ class Checkpointer:
         except user_errors:
           raise
         except Exception as e:  # pylint: disable=broad-except  # Orbax/TensorStore/JSON read errors (any type)
+          if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e):  # the host, not the step
+            raise
           reason = f"restore failed: {_first_line(e)}"
       damaged[s] = reason
       if step is not None:

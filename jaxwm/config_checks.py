@@ -21,8 +21,9 @@ import math
 import os
 import pathlib
 
+from jaxwm.utils.cli import MAX_SEED
+
 LIST_KEYS = ("model.camera.channels", "model.camera.depth_range", "model.patch_size", "model.loci.blocks")
-MAX_SEED = 2**31 - 1
 MESH_AXES = ("data", "fsdp")  # jaxwm.training.sharding.MESH_AXES (not imported: that module imports flax)
 
 

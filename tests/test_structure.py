@@ -201,6 +201,12 @@ def test_interactive_generation_equals_the_rollout():
     x, cache = sampler.generate(cache, jax.random.fold_in(key, c + 1), 2, cams.frames(slice(1 + 2 * c, 3 + 2 * c)))
     out.append(np.asarray(x))
   np.testing.assert_allclose(np.concatenate(out, 1), rolled, atol=1e-6)
+  # Causal: the future's poses (here: three times farther away) leave every earlier chunk as it was.
+  far = traj.copy()
+  far[:, 5:, :3, 3] *= 3.0
+  moved = sampler.rollout(first, 7, 2, key, {"c2w": far, "intrinsics": k})
+  np.testing.assert_array_equal(moved[:, :5], rolled[:, :5])
+  assert float(np.abs(moved[:, 5:] - rolled[:, 5:]).max()) > 1e-4
 
 
 def _count(tree):
@@ -251,3 +257,23 @@ def test_hybrid_layers_compute_no_history_softmax():
   from jaxwm.models.cache import KVCache  # pylint: disable=g-import-not-at-top
   cache = KVCache.empty(cfg, 1, 5, 4)
   assert cache.keys["k"].shape[0] == 0 and cache.mem.shape[0] == 2
+  # No score matrix over the sequence is ever formed (a masked dense softmax would form [.., L, L]).
+  tokens = s * 4
+  jaxpr = jax.make_jaxpr(lambda x: model.apply({"params": params}, x, jnp.zeros((1, s)), layout.frames(1, cams))[0])(seq)
+  assert not [v.aval.shape for v in _all_outputs(jaxpr.jaxpr) if v.aval.shape[-2:] == (tokens, tokens)]
+  plain = dataclasses.replace(cfg, loci=LociConfig(enabled=False))
+  plain_jaxpr = jax.make_jaxpr(lambda x: WanModel(plain).apply(
+      {"params": init_params(WanModel(plain), jax.random.key(0), (1, s, 4, 4, 12), 8)}, x, jnp.zeros((1, s)),
+      layout.frames(1, cams))[0])(seq)
+  assert [v for v in _all_outputs(plain_jaxpr.jaxpr) if v.aval.shape[-2:] == (tokens, tokens)]  # the check sees one
+
+
+def _all_outputs(jaxpr):
+  """Every equation output of ``jaxpr`` and of the jaxprs inside it (scans, remat, custom rules)."""
+  for eqn in jaxpr.eqns:
+    yield from (v for v in eqn.outvars if hasattr(v.aval, "shape"))
+    for param in eqn.params.values():
+      for sub in (param if isinstance(param, (list, tuple)) else [param]):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _all_outputs(inner)

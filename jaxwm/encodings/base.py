@@ -112,6 +112,9 @@ class NoCamera(CameraEncoding):
   needs_cameras = False
 
 
+ENCODING = NoCamera()
+
+
 def model_poses(c2w, translation_scale):
   """The poses every encoding reads: ``c2w [..., 4, 4]`` with translations times ``translation_scale``
   (a fixed number: the per-frame result depends on nothing but the frame's own pose)."""

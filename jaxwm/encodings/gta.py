@@ -54,3 +54,6 @@ class GTA(CameraEncoding):
 
   def decode(self, out, cam, plan, params):
     return tile_transform(out, cam.g, plan.idx), None
+
+
+ENCODING = GTA()

@@ -61,3 +61,6 @@ class MRoPE(GTA):
   def decode(self, out, cam, plan, params):
     py = tile_transform(out, cam.g, plan.idx)[..., plan.idx]
     return out, params[1](py.reshape(py.shape[:2] + (-1,)))
+
+
+ENCODING = MRoPE()

@@ -19,3 +19,6 @@ class PRoPE(GTA):
     image_hw = (latent_hw[0] * cam_cfg.vae_stride, latent_hw[1] * cam_cfg.vae_stride)
     kn = normalized_intrinsics(intrinsics, image_hw)
     return lift_intrinsics(kn) @ se3_inverse(c2w), c2w @ lift_intrinsics(jnp.linalg.inv(kn))
+
+
+ENCODING = PRoPE()

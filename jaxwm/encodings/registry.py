@@ -1,11 +1,19 @@
-"""The camera encodings by name (``model.camera.encoding``): one line each."""
+"""The camera encodings by name (``model.camera.encoding``): one line each in :data:`MODULES`.
 
-from jaxwm.encodings.base import NoCamera
-from jaxwm.encodings.gta import GTA
-from jaxwm.encodings.mrope import MRoPE
-from jaxwm.encodings.prope import PRoPE
-from jaxwm.encodings.viewrope import ViewRope
-from jaxwm.encodings.worldrope import WorldRoPE
+Each module of ``jaxwm.encodings`` listed here defines ``ENCODING``, an instance of a
+:class:`jaxwm.encodings.base.CameraEncoding` subclass; :func:`register_encoding` adds one at run time.
+"""
+
+import importlib
+
+MODULES = (
+    "base",  # rope3d: no camera
+    "viewrope",
+    "gta",
+    "prope",
+    "mrope",
+    "worldrope",
+)
 
 ENCODINGS = {}
 
@@ -25,5 +33,5 @@ def get_encoding(name):
   return ENCODINGS[name]
 
 
-for _enc in (NoCamera(), ViewRope(), GTA(), PRoPE(), MRoPE(), WorldRoPE()):
-  register_encoding(_enc)
+for _module in MODULES:
+  register_encoding(importlib.import_module(f"jaxwm.encodings.{_module}").ENCODING)

@@ -35,3 +35,6 @@ class ViewRope(CameraEncoding):
 
   def encode_kv(self, k, v, cam, plan, params):
     return viewrope_rotate(k, cam, plan.idx), v
+
+
+ENCODING = ViewRope()

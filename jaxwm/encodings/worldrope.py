@@ -268,3 +268,6 @@ class WorldRoPE(CameraEncoding):
     k_views = transform_keys(keys["k"], {n: keys[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs, pairs,
                              pixels)
     return per_view_attention(q, k_views, keys["v"], mask, q.shape[1] // cam.q_k.shape[1]), own
+
+
+ENCODING = WorldRoPE()

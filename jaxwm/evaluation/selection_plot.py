@@ -59,7 +59,7 @@ def _fraction(selected, num_key_frames):
 
 def save_selection_maps(path, selected, num_key_frames, *, key_labels=None, query_labels=None, layers=None,
                         title="frame selection", cell=8, **kwargs):
-  """Saves the selection maps of ``selected [L, Fq, k]`` (e.g. ``entries["selected"][:, b]``) as a PNG.
+  """Saves the selection maps of ``selected [L, Fq, k]`` (e.g. ``entries.selected[:, b]``) as a PNG.
 
   One ``[Fq, Fk]`` panel per layer; with ``Fq == 1`` one panel with the layers as rows; with
   ``layers="mean"`` (default when ``L > 8``) one panel of the fraction of layers selecting each cell.

@@ -179,7 +179,7 @@ class StreamingSampler:
               slots=None):
     """``first [B, 1, h, w, C]`` -> ``[B, num_frames, h, w, C]`` (frame 0 is ``first``), chunk by chunk.
 
-    ``num_frames = 1 + k * chunk_size``; chunk ``c`` uses noise key ``fold_in(key, c)``.
+    ``num_frames = 1 + k * chunk_size``; chunk ``c`` (from 0) uses noise key ``fold_in(key, c + 1)``.
     ``cameras``: the whole trajectory, ``c2w [B, F, 4, 4]`` (re-anchored on frame 0) and
     ``intrinsics [B, F, 3, 3]``; chunk ``c`` gets exactly the cameras :meth:`generate` would.
     ``memory``: a :class:`jaxwm.memory.MemoryPolicy` (default: the full cache, ``max_frames``

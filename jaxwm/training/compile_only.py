@@ -85,8 +85,18 @@ def compile_train(config, devices):
     compiled = tr.train_step.lower(state, _abstract(batch, tr.batch_shardings), key).compile()
   seq = len(tr.layout.frame_pos)
   per_frame = tr.tokens_per_step // (b * seq)
-  flops = model_flops(tr.model_cfg, tr.abstract_state.params, seq * per_frame, seq * per_frame) * b / len(devices)
+  flops = model_flops(tr.model_cfg, tr.abstract_state.params, seq * per_frame,
+                      attended_keys(tr.model_cfg, seq, config.recipe.chunk_size, per_frame)) * b / len(devices)
   return compiled, flops
+
+
+def attended_keys(model_cfg, seq_frames, chunk, tokens_per_frame):
+  """Keys each layer's attention computes per query token (dense: all of them)."""
+  ac = model_cfg.attention
+  softmax = seq_frames
+  if ac.sparse:
+    softmax = min(seq_frames, chunk + (ac.top_k if ac.sparsity == "frame_topk" else ac.window))
+  return [tokens_per_frame * (chunk if kind == "hybrid" else softmax) for kind in model_cfg.layer_kinds]
 
 
 def compile_sample(config, devices):
@@ -120,7 +130,8 @@ def compile_sample(config, devices):
       guidance=1.0, cameras=cams, rng=rng).compile()
   commit = jax.jit(streaming.commit, static_argnums=(0,)).lower(model, variables, cache, x, pos, ctx, cams,
                                                                rng).compile()
-  once = model_flops(cfg, variables["params"], chunk * n, (d.num_frames + chunk) * n, context=1, backward=False)
+  once = model_flops(cfg, variables["params"], chunk * n, attended_keys(cfg, d.num_frames + chunk, chunk, n), context=1,
+                     backward=False)
   return (denoise, once * config.sample.num_steps), (commit, once)
 
 
@@ -128,13 +139,15 @@ def model_flops(model_cfg, params, tokens, keys, context=0, backward=True):
   """Analytic FLOPs of one forward (and backward) over ``tokens`` query tokens per device.
 
   ``2 * (matmul parameters) * tokens`` for the dense layers (cross-attention keys/values over
-  ``context`` tokens), ``4 * tokens * keys * dim`` per layer for dense softmax attention (scores and
-  values over ``keys`` keys); a backward pass costs twice a forward, and a rematerialised forward
-  is counted once more. XLA's cost analysis counts a scanned layer's body once, so this is the
-  number the roofline uses.
+  ``context`` tokens), ``4 * tokens * keys_l * dim`` for the softmax attention of layer ``l`` (scores
+  and values over the ``keys_l`` keys it computes: every key for dense attention, the gathered
+  frames for frame-sparse attention and LOCI hybrid layers); ``keys`` is one number or one per
+  layer. A backward pass costs twice a forward, and a rematerialised forward is counted once more.
+  XLA's cost analysis counts a scanned layer's body once, so this is the number the roofline uses.
   """
   matmul = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(params) if a.ndim >= 2)
-  fwd = 2.0 * matmul * tokens + 4.0 * tokens * keys * model_cfg.dim * model_cfg.num_layers
+  keys = [keys] * model_cfg.num_layers if np.ndim(keys) == 0 else list(keys)
+  fwd = 2.0 * matmul * tokens + 4.0 * tokens * sum(keys) * model_cfg.dim
   if context and model_cfg.cross_attn:
     fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
   if not backward:

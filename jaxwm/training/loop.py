@@ -63,6 +63,9 @@ class Trainer:
     self.model_cfg = ModelConfig.from_dict(config.model)
     self.model = WanModel(self.model_cfg)
     self.mesh = mesh if mesh is not None else sh.make_mesh(config.mesh.data, config.mesh.fsdp)
+    if not config.data.batch_size:  # 0: data.per_device_batch_size x the devices the batch is split over
+      from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
+      config_checks.resolve_batch_size(config, self.mesh.size, jax.process_count())
     self.rules = sh.rules_from_config(config.sharding_rules)
     self.layout = make_layout(config.recipe.get("layout", "teacher_forcing"), config.data.num_frames,
                               config.recipe.chunk_size)
@@ -150,6 +153,9 @@ def maybe_initialize_distributed(config):
     return
   kw = {}
   if "JAX_NUM_PROCESSES" in os.environ:
+    if "JAX_PROCESS_ID" not in os.environ:
+      raise RunRefusedError("JAX_NUM_PROCESSES is set but JAX_PROCESS_ID is not: set both (this process's index "
+                            "in [0, JAX_NUM_PROCESSES))")
     kw = {"num_processes": int(os.environ["JAX_NUM_PROCESSES"]), "process_id": int(os.environ["JAX_PROCESS_ID"])}
   if os.environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
