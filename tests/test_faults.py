@@ -242,3 +242,12 @@ def test_keep_below_one_is_refused(tmp_path):
   for keep in (0, -1):
     with pytest.raises(ValueError, match=rf"keep={keep}: must be an int >= 1"):
       ckpt_lib.Checkpointer(tmp_path / "ck", keep=keep)
+
+
+def test_a_refused_run_leaves_no_workdir_behind(tmp_path):
+  from jaxwm.training.loop import RunRefusedError, run  # pylint: disable=g-import-not-at-top
+  (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+  c = tiny_config(**{"train.init_from": str(tmp_path / "empty")})
+  with pytest.raises(RunRefusedError, match="train.init_from"):
+    run(c, tmp_path / "new", mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False)
+  assert not (tmp_path / "new").exists()

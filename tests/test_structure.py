@@ -195,12 +195,12 @@ def test_interactive_generation_equals_the_rollout():
   key = jax.random.key(5)
   rolled = sampler.rollout(first, 7, 2, key, {"c2w": traj, "intrinsics": k})
   cams = Cameras(jnp.asarray(traj), jnp.asarray(k))
-  cache = sampler.start(first, cams.frames(slice(0, 1)))
-  out = [np.asarray(first)]
+  session = sampler.session(first, key, cams.frames(slice(0, 1)))
   for c in range(3):
-    x, cache = sampler.generate(cache, jax.random.fold_in(key, c + 1), 2, cams.frames(slice(1 + 2 * c, 3 + 2 * c)))
-    out.append(np.asarray(x))
-  np.testing.assert_allclose(np.concatenate(out, 1), rolled, atol=1e-6)
+    session.next({"c2w": traj[:, 1 + 2 * c:3 + 2 * c], "intrinsics": k[:, 1 + 2 * c:3 + 2 * c]})
+  np.testing.assert_allclose(session.frames, rolled, atol=1e-6)
+  with pytest.raises(ValueError, match="free cache slots"):
+    session.next(cams.frames(slice(1, 3)))
   # Causal: the future's poses (here: three times farther away) leave every earlier chunk as it was.
   far = traj.copy()
   far[:, 5:, :3, 3] *= 3.0

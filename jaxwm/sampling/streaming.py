@@ -175,6 +175,11 @@ class StreamingSampler:
                         jax.random.fold_in(key, 2) if sparse else None, slots)
     return x[:self.batch_size], cache
 
+  def session(self, first, key, cameras=None):
+    """An interactive :class:`Session` from ``first [B, 1, h, w, C]`` (with its ``cameras``): the user gives
+    each chunk's cameras as they move, not knowing the rest; it yields what :meth:`rollout` yields."""
+    return Session(self, first, key, cameras)
+
   def rollout(self, first, num_frames, chunk_size, key, cameras=None, memory=None, progress=False, callback=None,
               slots=None):
     """``first [B, 1, h, w, C]`` -> ``[B, num_frames, h, w, C]`` (frame 0 is ``first``), chunk by chunk.
@@ -229,6 +234,42 @@ class StreamingSampler:
       if callback is not None:
         callback(c, out[-1])
     return np.concatenate(out, axis=1)
+
+
+class Session:
+  """Interactive streaming with full memory (:meth:`StreamingSampler.session`).
+
+  ``next(cameras)`` generates the frames of the given cameras (``c2w [B, S, 4, 4]``, ``intrinsics
+  [B, S, 3, 3]``, re-anchored on the first frame; ``S`` frames, the chunk size) and returns them as
+  host latents ``[B, S, h, w, C]``; chunk ``c`` (from 0) uses noise key ``fold_in(key, c + 1)``, as
+  :meth:`StreamingSampler.rollout` does. ``frames``: every frame so far, ``[B, F, h, w, C]``.
+  """
+
+  def __init__(self, sampler, first, key, cameras=None):
+    self.sampler, self.key = sampler, key
+    cameras = Cameras.of(cameras)
+    if cameras is not None:
+      validate_cameras(cameras.c2w, cameras.intrinsics)
+    self.cache = sampler.start(first, cameras)
+    self.chunks = [np.asarray(first)]
+
+  def next(self, cameras=None):
+    cameras = Cameras.of(cameras)
+    if cameras is not None:
+      validate_cameras(cameras.c2w, cameras.intrinsics)
+    num = self.sampler.max_frames - int(self.cache.length)
+    size = self.chunks[-1].shape[1] if cameras is None and len(self.chunks) > 1 else None
+    size = cameras.c2w.shape[1] if cameras is not None else size
+    if size is None or size > num:
+      raise ValueError(f"Session.next: {size} frames do not fit the {num} free cache slots (max_frames="
+                       f"{self.sampler.max_frames}); pass cameras for a chunk, or a larger max_frames")
+    x, self.cache = self.sampler.generate(self.cache, jax.random.fold_in(self.key, len(self.chunks)), size, cameras)
+    self.chunks.append(np.asarray(x))
+    return self.chunks[-1]
+
+  @property
+  def frames(self):
+    return np.concatenate(self.chunks, axis=1)
 
 
 class _SlotBook:

@@ -18,6 +18,7 @@ import math
 import os
 import pathlib
 import socket
+import shutil
 import time
 
 import flax.linen as nn
@@ -414,7 +415,7 @@ def _init_from(trainer, state, path):
   try:
     params, src_step, _ = restore_params(path, target)
   except ValueError as e:
-    raise ValueError(f"train.init_from={path!r}: {e} (a stage may change encodings, sparsity or data, "
+    raise RunRefusedError(f"train.init_from={path!r}: {e} (a stage may change encodings, sparsity or data, "
                      "not the parameter set)") from None
   except FileNotFoundError as e:  # none, or every step damaged
     raise RunRefusedError(f"train.init_from={path!r}: {' '.join(str(e).split())}") from None
@@ -432,14 +433,20 @@ def run(config, workdir, mesh=None, progress=True):
   intact checkpoint; a checkpoint of another model raises :class:`ResumeConfigError`, a
   checkpoints directory with no intact step :class:`RunRefusedError` (both one line, before any
   Orbax read of the state). Raises :class:`NonFiniteLossError` on a NaN/inf loss, before any
-  checkpoint of that state.
+  checkpoint of that state. A refused run in a workdir it created removes that workdir again.
   """
   maybe_initialize_distributed(config)
   workdir = pathlib.Path(workdir).absolute()
+  fresh = not workdir.exists()
   workdir.mkdir(parents=True, exist_ok=True)
   lock = _lock_workdir(workdir)
   try:
     return _run(config, workdir, mesh, progress)
+  except RunRefusedError:
+    if fresh and jax.process_index() == 0:
+      lock.release()
+      shutil.rmtree(workdir, ignore_errors=True)  # only this run wrote there: nothing is left behind
+    raise
   finally:
     lock.release()
 
