@@ -29,7 +29,6 @@ def get_config(arm="viewrope"):
   if arm not in ARMS:
     raise ValueError(f"configs/repro.py: arm must be one of {ARMS}; got {arm!r}")
   c = tiny.get_config()
-  c.data.batch_size = 4  # fixed: the reproduction's arms are comparable whatever the host's device count
   c.train.update(num_steps=900, ckpt_every=300, sample_every=0, workdir=f"runs/repro/{arm}")
   c.model.attention.update(top_k=BUDGET, window=BUDGET)
   if arm in ("rope3d", "gta"):

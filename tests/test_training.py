@@ -138,5 +138,6 @@ def test_init_from_an_earlier_stage(tiny_checkpoint, tmp_path):
                          jax.device_get(variables["params"]))
   wide = tiny_config(**{"model.ffn_dim": 2 * c.model.ffn_dim})
   tr = Trainer(wide, tmp_path / "wide", mesh=_one_device())
-  with pytest.raises(ValueError, match=r"train.init_from=.*ffn_in.*has shape"):
+  from jaxwm.training.loop import RunRefusedError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(RunRefusedError, match=r"train.init_from=.*ffn_in.*has shape"):
     _init_from(tr, tr.init_state(), str(workdir))
