@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, write_json
+from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, run_dir, write_json
 from jaxwm.utils.cli import run as run_cli
 
 from jaxwm.memory import POLICIES
@@ -37,16 +37,6 @@ def _load_image(path, size):
   s = min(im.size)
   left, top = (im.width - s) // 2, (im.height - s) // 2
   return np.asarray(im.crop((left, top, left + s, top + s)).resize((size, size), Image.BICUBIC))
-
-
-def _run_name(workdir):
-  """The training run's name: ``runs/tiny``, ``runs/tiny/checkpoints`` and ``runs/tiny/checkpoints/900`` -> tiny."""
-  p = pathlib.Path(workdir).absolute()
-  if p.name.isdigit():
-    p = p.parent
-  if p.name == "checkpoints":
-    p = p.parent
-  return p.name or "run"
 
 
 def _taken(path):
@@ -225,7 +215,7 @@ def _main(argv):
     memory = make_policy(args.memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(size, size), **kwargs)
   except (ValueError, TypeError) as e:
     raise Refusal(f"--memory={args.memory}: {e}") from None
-  base = pathlib.Path("samples") / f"{_run_name(args.workdir)}_step{step}_{source}"
+  base = pathlib.Path("samples") / f"{(run_dir(args.workdir).name or 'run')}_step{step}_{source}"
   out_path = pathlib.Path(args.out) if args.out is not None else _free_name(base)
   if args.out is None:
     said.append(f"--out {out_path} (a new name)")

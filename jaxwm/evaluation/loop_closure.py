@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, write_json, write_text
+from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, run_dir, write_json, write_text
 from jaxwm.utils.cli import run as run_cli
 
 LOOP_COLS = ("psnr", "ssim", "lpips", "return_psnr", "return_ssim", "return_lpips", "covis_mass", "covis_chance")
@@ -164,16 +164,6 @@ def _list(s, cast=str, flag=None):
     return [cast(x.strip()) for x in s.split(",")]
   except ValueError:
     raise Refusal(f"{flag}={s!r}: not a comma list of {cast.__name__}s") from None
-
-
-def run_dir(checkpoint):
-  """The training workdir of ``checkpoint`` (a workdir, its ``checkpoints/`` or one step's directory)."""
-  p = pathlib.Path(checkpoint).absolute()
-  if p.name.isdigit():
-    p = p.parent
-  if p.name == "checkpoints":
-    p = p.parent
-  return p
 
 
 def _outputs(out):

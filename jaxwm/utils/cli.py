@@ -4,6 +4,7 @@ import argparse
 import json
 import math
 import os
+import pathlib
 import sys
 
 MAX_SEED = 2**31 - 1
@@ -18,6 +19,16 @@ class Parser(argparse.ArgumentParser):
 
   def error(self, message):
     raise Refusal(message)
+
+
+def run_dir(path):
+  """The training workdir of ``path`` (a workdir, its ``checkpoints/`` or one step's directory)."""
+  p = pathlib.Path(path).absolute()
+  if p.name.isdigit():
+    p = p.parent
+  if p.name == "checkpoints":
+    p = p.parent
+  return p
 
 
 def strict(x):
