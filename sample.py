@@ -144,7 +144,8 @@ def _main(argv):
   from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.clips import eval_clip, stream_clip  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.presets import preset_trajectory  # pylint: disable=g-import-not-at-top
-  from jaxwm.utils.media import side_by_side, write_video  # pylint: disable=g-import-not-at-top
+  from jaxwm.evaluation import baselines  # pylint: disable=g-import-not-at-top
+  from jaxwm.utils.media import labelled, pose_captions, write_video  # pylint: disable=g-import-not-at-top
 
   d = config.data
   chunk = config.recipe.chunk_size
@@ -241,11 +242,24 @@ def _main(argv):
   if ret >= 0:
     report["loop_closure_psnr"] = float(psnr(video[ret], first))  # return pose vs the given first frame
     report["loop_closure_ssim"] = float(ssim(video[ret], first))
-  write_video(out_path, video if gt is None else side_by_side(gt, video), fps=6, scale=max(1, 128 // size))
+  summary = ""
+  if gt is not None:
+    report["scores"] = baselines.frame_scores(video, gt, ret)
+    report["baselines"] = baselines.baseline_scores(gt, ret)
+    sc, bl = report["scores"], report["baselines"]
+    summary = f"all frames PSNR {sc['psnr']:.2f} dB (mean-colour baseline {bl['mean_psnr']:.2f})"
+    if "return_psnr" in sc:
+      summary += (f"; return frame PSNR {sc['return_psnr']:.2f} dB / SSIM {sc['return_ssim']:.3f} "
+                  f"(mean colour {bl['mean_return_psnr']:.2f} / {bl['mean_return_ssim']:.3f})")
+    if "between_psnr" in sc:
+      summary += f"; in between PSNR {sc['between_psnr']:.2f} dB (copy first {bl['copy_between_psnr']:.2f})"
+  elif ret >= 0:
+    summary = f"loop-closure PSNR {report['loop_closure_psnr']:.2f} dB"
+  panels = {"generated": video} if gt is None else {"ground truth": gt, "generated": video}
+  write_video(out_path, labelled(panels, pose_captions(clip["c2w"]), scale=max(1, 128 // size)), fps=6)
   json_path = out_path.with_suffix(".json")
   write_json(json_path, report)
-  print(f"wrote {out_path} and {json_path}" + (f" (loop-closure PSNR {report['loop_closure_psnr']:.2f} dB)"
-                                               if ret >= 0 else ""))
+  print(f"wrote {out_path} and {json_path}" + (f": {summary}" if summary else ""))
   return 0
 
 

@@ -40,6 +40,7 @@ def get_config():
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
       num_steps=900, log_every=10, ckpt_every=300, keep=3, async_checkpoint=True, sample_every=450,
-      workdir="runs/tiny", distributed=False, init_from=""))  # init_from: an earlier stage's workdir
+      workdir="runs/tiny", distributed=False, init_from="", gain_every=300))
+  # init_from: an earlier stage's workdir; gain_every: log the memory gain every k steps (0: off)
   c.sample = ml_collections.ConfigDict(dict(num_steps=10, shift=3.0, guidance=1.0))
   return c

@@ -185,6 +185,7 @@ def check_train(config):
   _int(config, "train.ckpt_every", lo=1)
   _int(config, "train.keep", lo=1, allowed="must be an integer >= 1 (checkpoints kept; 0 would keep none)")
   _int(config, "train.sample_every", lo=0, allowed="must be an integer >= 0 (0: no periodic samples)")
+  _optional(config, "train.gain_every", _int, lo=0, allowed="must be an integer >= 0 (0: no memory-gain probe)")
   _bool(config, "train.async_checkpoint")
   _str(config, "train.workdir", nonempty=True)
   _optional(config, "train.distributed", _bool)

@@ -8,7 +8,12 @@ clips from their first frame and trajectory and score what comes back.
 ``loops``: the 35 rotate-away-and-back clips (30/45/75/90/180 degrees about the 7 axis
 combinations). Per magnitude and axis: PSNR / SSIM (LPIPS with weights) of all frames against
 the ground truth, and the loop-closure error at the return pose (the generated return frame
-against the given first frame, ViewRope App. C.5). ``--probe`` adds the share of the return
+against the given first frame, ViewRope App. C.5), the in-between frames (``between_*``: strictly
+between the first and the return frame), the memory gain ``gain_<t>`` (the return frame's
+teacher-forced velocity error without the first view over with it, at noise level ``t``;
+:mod:`jaxwm.evaluation.memory_gain`) and two baselines (``mean_*``: the first frame's mean colour;
+``copy_*``: the first frame copied; :mod:`jaxwm.evaluation.baselines`). ``remembers``: the share of
+clips whose return frame beats ``mean`` and whose in-between frames beat ``copy``. ``--probe`` adds the share of the return
 frame's history attention on co-visible keys (from ground-truth depth) against its chance level.
 
 ``palindrome``: out-and-back free paths; revisit pairs (ReWorld §4.3) are the mirror pairs
@@ -39,7 +44,9 @@ import numpy as np
 from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, run_dir, write_json, write_text
 from jaxwm.utils.cli import run as run_cli
 
-LOOP_COLS = ("psnr", "ssim", "lpips", "return_psnr", "return_ssim", "return_lpips", "covis_mass", "covis_chance")
+LOOP_COLS = ("psnr", "ssim", "lpips", "between_psnr", "return_psnr", "return_ssim", "return_lpips", "gain_0.5",
+             "gain_0.8", "gain_1", "remembers", "mean_psnr", "mean_return_psnr", "mean_return_ssim",
+             "copy_between_psnr", "covis_mass", "covis_chance")
 PALINDROME_COLS = ("psnr", "ssim", "lpips", "revisit_psnr", "revisit_ssim", "revisit_lpips", "needle_ssim",
                    "needle_resident")
 
@@ -76,17 +83,21 @@ def revisit_pairs(return_frame, max_pairs=5):
 
 
 def evaluate(config, model, variables, *, clips=35, family="loops", memory="full", memory_kwargs=None,
-             lpips_params=None, seed=0, steps=None, num_frames=None, frame_stride=None, probe=False):
+             lpips_params=None, seed=0, steps=None, num_frames=None, frame_stride=None, probe=False,
+             gain=True):
   """Streams ``clips`` eval clips of ``family`` (``loops`` or ``palindrome``); returns one dict per clip.
 
   ``num_frames`` / ``frame_stride`` default to the training config's. ``probe`` (loops only) adds
   the co-visible attention statistics of the return frame (:mod:`jaxwm.evaluation.attention_probe`).
+  Every row has the model's scores and both baselines' (:mod:`jaxwm.evaluation.baselines`); ``gain``
+  (loops) adds the memory gain ``gain_<t>`` (:mod:`jaxwm.evaluation.memory_gain`).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jaxwm.evaluation import attention_probe  # pylint: disable=g-import-not-at-top
+  from jaxwm.evaluation import attention_probe, baselines, memory_gain  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation import lpips as lp  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation.metrics import psnr, ssim  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.layout import make_layout  # pylint: disable=g-import-not-at-top
   from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
   from jaxwm.models import vae  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling import clips as clips_lib  # pylint: disable=g-import-not-at-top
@@ -98,6 +109,9 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   grid = (d.image_size // d.latent_stride // model.cfg.patch_size[1], d.image_size // d.latent_stride //
           model.cfg.patch_size[2])
   sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps)  # shared by all clips
+  # Memory gain (teacher-forced, training layout): once per clip, independent of the memory policy.
+  layout = make_layout("teacher_forcing", frames_n, chunk)
+  gain_fn = memory_gain.model_apply_fn(model, variables["params"]) if gain else None
   rows = []
   for i in range(clips):
     w = clips_lib.eval_clip(config, i, num_frames=frames_n, frame_stride=stride, family=family)
@@ -113,15 +127,19 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
     video = clips_lib.stream_clip(model, variables, config, w, key=jax.random.key(seed + i), memory=policy,
                                   callback=record, sampler=sampler)
     row = {"clip": i, "family": family, "axes": str(clip["axes"]), "magnitude": float(clip["magnitude_deg"]),
-           "return_frame": ret, "psnr": float(np.mean(psnr(video[1:], gt[1:]))),
-           "ssim": float(np.mean(ssim(video[1:], gt[1:])))}
+           "return_frame": ret, **baselines.frame_scores(video, gt, ret if family == "loops" else -1),
+           **baselines.baseline_scores(gt, ret if family == "loops" else -1)}
     if lpips_params is not None:
       row["lpips"] = float(np.mean(lp.lpips(lpips_params, video[1:], gt[1:])))
     if family == "loops" and ret > 0:
-      row["return_psnr"] = float(psnr(video[ret], gt[0]))
-      row["return_ssim"] = float(ssim(video[ret], gt[0]))
+      row["remembers"] = baselines.remembers(row)
       if lpips_params is not None:
         row["return_lpips"] = float(lp.lpips(lpips_params, video[ret], gt[0]))
+      if gain_fn is not None and ret in layout.noisy_frames:
+        lat = vae.encode(jnp.asarray(gt)[None], d.latent_stride)
+        errs = memory_gain.return_frame_errors(gain_fn, lat, memory_gain.clip_cameras(cams), layout, ret,
+                                               jax.random.key(seed + i))
+        row.update({f"gain_{t:g}": g for t, g in memory_gain.memory_gain(errs).items()})
     if family == "palindrome" and ret > 0:
       pairs = []
       for t, m in revisit_pairs(ret):

@@ -28,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxwm import checkpoint as ckpt_lib
+from jaxwm.evaluation import memory_gain
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.transformer import WanModel
 from jaxwm.training import data as data_lib
@@ -400,10 +401,11 @@ def _rewind_jsonl(path, step):
 def write_sample(trainer, params, step, path):
   """Streams eval clip 0 (a rotation loop) from its first frame; writes ground truth | generated as a GIF."""
   from jaxwm.sampling.clips import eval_clip, stream_clip  # pylint: disable=g-import-not-at-top
-  from jaxwm.utils.media import side_by_side, write_video  # pylint: disable=g-import-not-at-top
+  from jaxwm.utils.media import labelled, pose_captions, write_video  # pylint: disable=g-import-not-at-top
   clip = eval_clip(trainer.config, 0)
   frames = stream_clip(trainer.model, {"params": params}, trainer.config, clip, key=jax.random.key(step))
-  write_video(path, side_by_side(clip["frames"], frames), fps=4, scale=2)
+  write_video(path, labelled({"ground truth": clip["frames"], f"generated (step {step})": frames},
+                             pose_captions(clip["c2w"]), scale=4), fps=4)
 
 
 def _init_from(trainer, state, path):
@@ -500,6 +502,8 @@ def _run(config, workdir, mesh, progress):
     bar = tqdm(total=tc.num_steps, initial=start, disable=not progress or jax.process_index() != 0,
                desc="train", dynamic_ncols=True)
     t_last, steps_since = time.perf_counter(), 0
+    gain_every = tc.get("gain_every", 0)
+    probe = memory_gain.GainProbe(config, trainer.model) if gain_every else None
     for step in range(start, tc.num_steps):
       batch = trainer.put_batch(next(data_iter))
       with jax.set_mesh(trainer.mesh):
@@ -520,8 +524,12 @@ def _run(config, workdir, mesh, progress):
         rate = steps_since / max(dt, 1e-9)
         scalars = {"loss": loss, **norms, "lr": float(metrics["lr"]),
                    "steps_per_s": rate, "tokens_per_s": rate * trainer.tokens_per_step}
+        if probe is not None and (done % gain_every == 0 or done == tc.num_steps):
+          with jax.set_mesh(trainer.mesh):
+            scalars.update(probe(state.params))
         writers.write(done, scalars)
-        bar.set_postfix(loss=f"{loss:.4f}", steps_s=f"{rate:.2f}", tok_s=f"{scalars['tokens_per_s']:.0f}")
+        bar.set_postfix(loss=f"{loss:.4f}", steps_s=f"{rate:.2f}", tok_s=f"{scalars['tokens_per_s']:.0f}",
+                        **({"gain_1": f"{scalars['gain_1']:.2f}"} if "gain_1" in scalars else {}))
         t_last, steps_since = time.perf_counter(), 0
       if done % tc.ckpt_every == 0 or done == tc.num_steps:
         ckpt.save(done, state, data_iter, config)

@@ -25,6 +25,48 @@ def side_by_side(*videos, gap=2):
   return np.concatenate(out, axis=2)
 
 
+def pose_captions(c2w):
+  """One caption per frame from ``c2w [F, 4, 4]``: the frame index, the rotation angle from frame 0 (degrees)
+  and the distance from frame 0's centre, e.g. ``"frame 3  rot 45deg  move 0.20"``."""
+  c2w = np.asarray(c2w, np.float64)
+  rel = np.einsum("ji,fjk->fik", c2w[0, :3, :3], c2w[:, :3, :3])
+  ang = np.degrees(np.arccos(np.clip((np.trace(rel, axis1=1, axis2=2) - 1) / 2, -1, 1)))
+  dist = np.linalg.norm(c2w[:, :3, 3] - c2w[0, :3, 3], axis=-1)
+  return [f"frame {i}  rot {a:.0f}deg  move {d:.2f}" for i, (a, d) in enumerate(zip(ang, dist))]
+
+
+def labelled(videos, captions=None, scale=1, gap=2):
+  """Side-by-side panels with a label above each and a caption line per frame below.
+
+  Args:
+    videos: ``{label: [F, H, W, 3]}`` (e.g. ``{"ground truth": gt, "generated": video}``), left to right.
+    captions: ``F`` strings (e.g. :func:`pose_captions`), or None.
+    scale: integer nearest-neighbour upscaling of the frames before the text is drawn.
+
+  Returns:
+    uint8 ``[F, H', W', 3]``.
+  """
+  from PIL import Image, ImageDraw  # pylint: disable=g-import-not-at-top
+  panels = [to_uint8(v) for v in videos.values()]
+  if scale > 1:
+    panels = [p.repeat(scale, axis=1).repeat(scale, axis=2) for p in panels]
+  body = side_by_side(*panels, gap=gap)
+  f, h, w = body.shape[:3]
+  band = 14
+  out = np.full((f, h + band * (2 if captions else 1), w, 3), 255, np.uint8)
+  out[:, band:band + h] = body
+  pw = panels[0].shape[2]
+  for i in range(f):
+    img = Image.fromarray(out[i])
+    draw = ImageDraw.Draw(img)
+    for j, label in enumerate(videos):
+      draw.text((j * (pw + gap) + 2, 1), str(label), fill=(0, 0, 0))
+    if captions:
+      draw.text((2, band + h + 1), str(captions[i]), fill=(0, 0, 0))
+    out[i] = np.asarray(img)
+  return out
+
+
 def write_video(path, frames, fps=10, scale=1):
   """Writes ``[F, H, W, 3]`` frames to ``.gif`` or ``.mp4`` (by extension), atomically.
 

@@ -1,0 +1,53 @@
+"""The trivial baselines of the loop-closure reports, and the labelled side-by-side videos."""
+
+import numpy as np
+import pytest
+
+from jaxwm.evaluation import baselines
+from jaxwm.utils.media import labelled, pose_captions
+
+
+def _loop(f=5, h=16):
+  rng = np.random.default_rng(0)
+  gt = rng.integers(0, 256, size=(f, h, h, 3), dtype=np.uint8)
+  gt[-1] = gt[0]  # the return frame
+  return gt
+
+
+def test_baseline_videos():
+  gt = _loop()
+  mean = baselines.baseline_video("mean", gt[0], 5)
+  assert mean.shape == gt.shape and mean.dtype == np.uint8
+  np.testing.assert_array_equal(mean[3, 7, 2], np.round(gt[0].reshape(-1, 3).mean(0)).astype(np.uint8))
+  assert (mean == mean[:1, :1, :1]).all()
+  np.testing.assert_array_equal(baselines.baseline_video("copy", gt[0], 5), np.repeat(gt[:1], 5, 0))
+  with pytest.raises(ValueError, match="baseline must be one of"):
+    baselines.baseline_video("zeros", gt[0], 5)
+
+
+def test_scores_and_remembers():
+  gt = _loop()
+  perfect = baselines.frame_scores(gt, gt, 4)
+  assert perfect["return_psnr"] == baselines.PSNR_CAP and perfect["between_psnr"] == baselines.PSNR_CAP
+  b = baselines.baseline_scores(gt, 4)
+  assert set(b) == {"mean_psnr", "mean_ssim", "mean_between_psnr", "mean_between_ssim", "mean_return_psnr",
+                    "mean_return_ssim", "copy_between_psnr", "copy_between_ssim"}
+  assert b["copy_between_psnr"] < 15  # random frames: copying the first is wrong in between
+  assert baselines.remembers({**perfect, **b}) is True
+  copy = baselines.frame_scores(baselines.baseline_video("copy", gt[0], 5), gt, 4)
+  assert baselines.remembers({**copy, **b}) is False  # wins the return frame, not the frames in between
+  assert baselines.remembers({"return_psnr": 1.0}) is None
+
+
+def test_labelled_video_has_labels_and_captions():
+  gt = _loop()
+  c2w = np.repeat(np.eye(4)[None], 5, 0)
+  c2w[2, :3, :3] = [[0, 0, 1], [0, 1, 0], [-1, 0, 0]]  # 90 degrees about y
+  c2w[3, 0, 3] = 0.5
+  caps = pose_captions(c2w)
+  assert caps[0] == "frame 0  rot 0deg  move 0.00" and "rot 90deg" in caps[2] and "move 0.50" in caps[3]
+  out = labelled({"ground truth": gt, "generated": gt}, caps, scale=4)
+  assert out.shape[0] == 5 and out.shape[1] > 64 and out.shape[2] == 2 * 64 + 2
+  band = out[:, :14]
+  assert (band < 128).any()  # the labels are drawn
+  assert not np.array_equal(out[0, -14:], out[2, -14:])  # per-frame captions differ
