@@ -23,14 +23,17 @@ def get_config():
   c.data = ml_collections.ConfigDict(dict(
       source="tfds", data_dir="data/tfds", num_clips=256, clips_per_scene=8, clip_frames=17, render_size=64,
       image_size=32, latent_stride=4, num_frames=9, frame_stride=2, batch_size=0, per_device_batch_size=4,
-      worker_count=0, palindrome_prob=0.0, scale_divisor=1.0, convention="opencv"))
+      worker_count=0, palindrome_prob=0.0, scale_divisor=1.0, convention="opencv", vae="space_to_depth:4",
+      text_encoder="none"))
+  # data.source: tfds | procedural (rendered on the fly) | records (python -m jaxwm.data.ingest; data.data_dir is the
+  # ingested folder, data.vae / data.text_encoder name the encoders it used: jaxwm.models.autoencoder, jaxwm.text).
   # data.batch_size: the global batch; 0 (the default) makes it per_device_batch_size x the devices the batch is
   # split over (mesh data x fsdp), so the default runs on 1, 2, 4 or 8 devices (train.py resolves and prints it).
   # layout: teacher_forcing (clean history + noisy chunks) | diffusion_forcing (every chunk noised independently).
   # ReWorld's recipe (docs/design.md §5): chunk drop keeps the sink + `keep` random past chunks; head windows give a
   # routed `global_fraction` of heads the whole history and the rest the last `window` frames.
   c.recipe = ml_collections.ConfigDict(dict(
-      chunk_size=2, timestep_distribution="uniform", timestep_shift=1.0, layout="teacher_forcing",
+      chunk_size=2, timestep_distribution="uniform", timestep_shift=1.0, layout="teacher_forcing", text_dropout=0.0,
       chunk_drop=dict(enabled=False, keep=5),
       head_windows=dict(enabled=False, window=12, global_fraction=0.25, pool=12)))
   c.optim = ml_collections.ConfigDict(dict(

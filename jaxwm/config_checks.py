@@ -192,10 +192,53 @@ def check_train(config):
   _optional(config, "train.init_from", _str)
 
 
+def _check_records(config):
+  """``data.source = "records"``: an ingested dataset whose latent frames hold the window and whose spatial
+  stride is ``data.latent_stride``; returns its manifest."""
+  import os  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.records import read_manifest  # pylint: disable=g-import-not-at-top
+  path = _str(config, "data.data_dir", nonempty=True)
+  manifest = read_manifest(os.path.expanduser(path))
+  if manifest is None or not manifest.get("latent_shape"):
+    raise ConfigError("data.data_dir", path, "must be a dataset written by python -m jaxwm.data.ingest "
+                                             "(no manifest.json with finished clips there)")
+  st = manifest["settings"]
+  for key, field in (("data.vae", "vae"), ("data.text_encoder", "text_encoder")):
+    v = _get(config, key) if _has(config, key) else None
+    if v != st.get(field, "none"):
+      raise ConfigError(key, v, f"must be {st.get(field, 'none')!r}, the encoder data.data_dir={path!r} was "
+                                "ingested with (it is what sampling will decode and encode prompts with)")
+  stride = _int(config, "data.latent_stride", lo=1)
+  if int(st.get("spatial_stride", 1)) != stride:
+    raise ConfigError("data.latent_stride", stride, f"must equal the dataset's VAE spatial stride "
+                                                   f"{st.get('spatial_stride')} ({st.get('vae')})")
+  return manifest
+
+
 def check_data(config):
-  _choice(config, "data.source", ("tfds", "procedural"))
+  _choice(config, "data.source", ("tfds", "procedural", "records"))
+  if config.data.source == "records":
+    manifest = _check_records(config)
+    chunk = _int(config, "recipe.chunk_size", lo=1)
+    frames = _int(config, "data.num_frames", lo=1)
+    if frames < 1 + chunk or (frames - 1) % chunk:
+      raise ConfigError("data.num_frames", frames, f"must be 1 + k * recipe.chunk_size={chunk} with k >= 1")
+    fstride = _int(config, "data.frame_stride", lo=1)
+    span = (frames - 1) * fstride + 1
+    have = manifest["latent_shape"][0]
+    if span > have:
+      raise ConfigError("data.num_frames", frames, f"a window at data.frame_stride={fstride} spans {span} latent "
+                                                  f"frames; the dataset's clips have {have}")
+    _int(config, "data.batch_size", lo=0)
+    _int(config, "data.worker_count", lo=0)
+    _optional(config, "data.palindrome_prob", _float, ge=0, le=1)
+    _optional(config, "data.scale_divisor", _float, gt=0)
+    return
   if config.data.source == "tfds":
     _str(config, "data.data_dir", nonempty=True)
+  if _has(config, "data.vae") and config.data.vae != f"space_to_depth:{config.data.get('latent_stride')}":
+    raise ConfigError("data.vae", config.data.vae, f"must be 'space_to_depth:{config.data.get('latent_stride')}' "
+                                                   "for rendered frames (other VAEs: ingest, data.source='records')")
   _int(config, "data.num_clips", lo=1)
   _int(config, "data.clips_per_scene", lo=1)
   _int(config, "data.clip_frames", lo=1)
@@ -272,6 +315,18 @@ def check_mesh(config):
       raise ConfigError(f"sharding_rules[{i}]", rule, f"mesh axes must be None or among {MESH_AXES}")
 
 
+def _check_attention_impl(cfg):
+  """``model.attention_impl`` among ``jaxwm.kernels.ATTENTION_IMPLS``; a kernel (``splash``, ``cudnn``) only
+  where self-attention uses it (an encoding with per-view keys attends in its own ``jnp`` code)."""
+  from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
+  impl = cfg.attention_impl
+  if impl not in ATTENTION_IMPLS:
+    raise ConfigError("model.attention_impl", impl, f"must be one of {', '.join(map(repr, ATTENTION_IMPLS))}")
+  if impl in ("splash", "cudnn") and cfg.encoding.per_view_keys:
+    raise ConfigError("model.attention_impl", impl, f"must be 'xla' or 'auto' with model.camera.encoding="
+                                                   f"{cfg.camera.encoding!r} (its per-view attention has no kernel)")
+
+
 def check_model(config):
   """Builds :class:`ModelConfig` (its checks name the key) and the checks that tie it to ``data``.
 
@@ -288,18 +343,25 @@ def check_model(config):
     cfg = ModelConfig.from_dict(config.model)
   except TypeError as e:  # a value of the wrong type deep in the model
     raise ValueError(f"model: {e}") from None
+  _check_attention_impl(cfg)
   d = config.data
-  latent_channels = 3 * d.latent_stride**2
+  from jaxwm.training.data import latent_geometry  # pylint: disable=g-import-not-at-top
+  lat_h, lat_w, latent_channels = latent_geometry(d)
+  where = "the ingested latents" if d.source == "records" else "3 * data.latent_stride**2: space-to-depth latents"
   for key in ("model.in_channels", "model.out_channels"):
     if _get(config, key) != latent_channels:
-      raise ConfigError(key, _get(config, key), f"must equal 3 * data.latent_stride**2 = {latent_channels} "
-                                               "(space-to-depth latents)")
-  grid = d.image_size // d.latent_stride
-  for i, axis in ((1, "height"), (2, "width")):
+      raise ConfigError(key, _get(config, key), f"must equal {latent_channels} ({where})")
+  for i, axis, grid in ((1, "height", lat_h), (2, "width", lat_w)):
     if grid % cfg.patch_size[i]:
       raise ConfigError("model.patch_size", cfg.patch_size,
-                        f"its {axis} {cfg.patch_size[i]} must divide the {grid} latent pixels "
-                        f"(data.image_size / data.latent_stride)")
+                        f"its {axis} {cfg.patch_size[i]} must divide the {grid} latent pixels")
+  if cfg.cross_attn and d.source == "records":
+    from jaxwm.data.records import read_manifest  # pylint: disable=g-import-not-at-top
+    import os  # pylint: disable=g-import-not-at-top
+    if read_manifest(os.path.expanduser(d.data_dir))["settings"].get("text_encoder", "none") == "none":
+      raise ConfigError("model.cross_attn", True, f"data.data_dir={d.data_dir!r} has no text embeddings "
+                                                  "(ingest with --text_encoder)")
+  _optional(config, "recipe.text_dropout", _float, ge=0, lt=1)
   if cfg.camera_conditioned and cfg.camera.vae_stride != d.latent_stride:
     raise ConfigError("model.camera.vae_stride", cfg.camera.vae_stride,
                       f"must equal data.latent_stride={d.latent_stride} (pixels per latent pixel)")

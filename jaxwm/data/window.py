@@ -41,27 +41,38 @@ class ClipWindow(grain.RandomMapTransform):
     self.num_frames, self.frame_stride, self.image_size = num_frames, frame_stride, image_size
     self.palindrome_prob, self.scale_divisor, self.convention = palindrome_prob, scale_divisor, convention
 
-  def random_map(self, clip, rng):
-    frames = np.asarray(clip["frames"])
-    total, h, w = frames.shape[:3]
+  def window_indices(self, total, rng, start=None):
+    """``[num_frames]`` frame indices of a random window of a ``total``-frame clip (a palindrome with
+    probability ``palindrome_prob``); ``start``: the first index (default: uniform)."""
     palindrome = self.palindrome_prob > 0 and rng.random() < self.palindrome_prob
     n_path = (self.num_frames + 1) // 2 if palindrome else self.num_frames
     span = (n_path - 1) * self.frame_stride + 1
     if span > total:
       raise ValueError(f"a window of {n_path} frames at stride {self.frame_stride} needs {span} frames; "
                        f"clips have {total}")
-    if h != w or h % self.image_size:
-      raise ValueError(f"clip frames {h}x{w} cannot be area-downsampled to {self.image_size}")
-    start = int(rng.integers(0, total - span + 1))
+    if start is None:
+      start = int(rng.integers(0, total - span + 1))
     idx = start + self.frame_stride * np.arange(n_path)
-    if palindrome:
-      idx = np.concatenate([idx, idx[-2::-1]])
-    factor = h // self.image_size
-    k = np.asarray(clip["intrinsics"], np.float32)[idx].copy()
+    return np.concatenate([idx, idx[-2::-1]]) if palindrome else idx
+
+  def window_cameras(self, c2w, intrinsics, idx, factor=1):
+    """``(c2w float32 [T, 4, 4], intrinsics float32 [T, 3, 3])`` of frames ``idx``: OpenCV axes, re-anchored on
+    the first, translations divided by ``scale_divisor``, intrinsics divided by the downsampling ``factor``."""
+    k = np.asarray(intrinsics, np.float32)[idx].copy()
     k[:, :2] /= factor
-    c2w = np.asarray(clip["c2w"], np.float64)[idx]
+    c2w = np.asarray(c2w, np.float64)[idx]
     if self.convention == "opengl":
       c2w = opengl_to_opencv(c2w)
     c2w = reanchor(c2w)
     c2w[:, :3, 3] /= self.scale_divisor
-    return {"frames": _area_downsample(frames[idx], factor), "c2w": c2w.astype(np.float32), "intrinsics": k}
+    return c2w.astype(np.float32), k
+
+  def random_map(self, clip, rng):
+    frames = np.asarray(clip["frames"])
+    total, h, w = frames.shape[:3]
+    if h != w or h % self.image_size:
+      raise ValueError(f"clip frames {h}x{w} cannot be area-downsampled to {self.image_size}")
+    idx = self.window_indices(total, rng)
+    factor = h // self.image_size
+    c2w, k = self.window_cameras(clip["c2w"], clip["intrinsics"], idx, factor)
+    return {"frames": _area_downsample(frames[idx], factor), "c2w": c2w, "intrinsics": k}

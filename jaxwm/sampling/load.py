@@ -69,12 +69,16 @@ def abstract_params(model, config):
   """Unboxed ``jax.ShapeDtypeStruct`` tree of ``model``'s parameters (nothing allocated).
 
   Built by ``jax.eval_shape`` of :func:`jaxwm.models.init.init_params` on latents
-  ``[1, S, h, w, C]`` of ``config.data``: ``h = w = image_size // latent_stride``,
-  ``C = 3 * latent_stride**2``, ``S = 2`` (parameters do not depend on ``S``).
+  ``[1, S, h, w, C]``: ``C = model.in_channels``, ``h = w = image_size // latent_stride`` of rendered frames
+  (two patches for ingested latents, whose dataset a sampling session may not have), ``S = 2``
+  (parameters depend on neither ``S`` nor the grid).
   """
   d = config.data
-  hw = d.image_size // d.latent_stride
-  shape = (1, 2, hw, hw, 3 * d.latent_stride**2)
+  if d.get("source") == "records":
+    hw = 2 * max(model.cfg.patch_size[1:])
+  else:
+    hw = d.image_size // d.latent_stride
+  shape = (1, 2, hw, hw, model.cfg.in_channels)
   boxed = jax.eval_shape(lambda key: init_params(model, key, shape, d.image_size), jax.random.key(0))
   return nn.unbox(boxed)
 

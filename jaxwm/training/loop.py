@@ -89,13 +89,19 @@ class Trainer:
     self.abstract_state = nn.unbox(abstract_boxed)
     self.state_shardings = _state_shardings(self.abstract_state, param_sh, self.mesh)
     self._init = jax.jit(lambda key: nn.unbox(init_fn(key)), out_shardings=self.state_shardings)
-    loss_fn = make_loss_fn(self.model, self.layout, config.recipe, config.data.latent_stride)
+    records = config.data.source == "records"
+    null_text = None
+    if records and self.model_cfg.cross_attn:
+      null_text = data_lib.make_source(config.data).null_text()
+    loss_fn = make_loss_fn(self.model, self.layout, config.recipe, config.data.latent_stride, null_text)
     step_fn = make_train_step(loss_fn, self.tx, self.schedule, config.optim.ema_decay)
     self.batch_shardings = {
-        "frames": sh.batch_sharding(self.mesh, self.rules, 5),
+        "latents" if records else "frames": sh.batch_sharding(self.mesh, self.rules, 5),
         "c2w": sh.batch_sharding(self.mesh, self.rules, 4),
         "intrinsics": sh.batch_sharding(self.mesh, self.rules, 4),
     }
+    if self.model_cfg.cross_attn:
+      self.batch_shardings["text_emb"] = sh.batch_sharding(self.mesh, self.rules, 3)
 
     def sharded_step(state, batch, key):
       with nn.logical_axis_rules(self.rules):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxwm import text as text_lib
 from jaxwm.diffusion import flow
 from jaxwm.models import vae
 from jaxwm.models.init import init_params
@@ -30,8 +31,8 @@ class TrainState:
 
 def latent_shape(config, num_clean_plus_noisy):
   """``[1, S, h, w, C]`` of the model input in the training layout."""
-  s = config.data.image_size // config.data.latent_stride
-  return (1, num_clean_plus_noisy, s, s, 3 * config.data.latent_stride**2)
+  from jaxwm.training.data import latent_geometry  # pylint: disable=g-import-not-at-top
+  return (1, num_clean_plus_noisy, *latent_geometry(config.data))
 
 
 def make_init_fn(model, tx, shape, ema_decay, image_size, routing=None):
@@ -48,12 +49,15 @@ def make_init_fn(model, tx, shape, ema_decay, image_size, routing=None):
   return init
 
 
-def make_loss_fn(model, layout, recipe, latent_stride):
+def make_loss_fn(model, layout, recipe, latent_stride, null_text=None):
   """Flow-matching loss in a training layout (teacher forcing or diffusion forcing; docs/design.md §2, §9).
 
-  ``loss(params, batch, key)`` with ``batch["frames"]`` uint8 ``[B, F, H, W, 3]``, ``c2w`` and
-  ``intrinsics`` per frame: clean history and noisy chunks in one sequence (each frame with its
-  own camera); one timestep per noisy chunk; MSE of the velocity on the noisy half.
+  ``loss(params, batch, key)`` with ``batch["frames"]`` uint8 ``[B, F, H, W, 3]`` (space-to-depth latents)
+  or ``batch["latents"]`` ``[B, F, h, w, C]`` (ingested VAE latents), ``c2w`` and ``intrinsics`` per frame,
+  and with ``model.cross_attn`` ``batch["text_emb"] [B, L, D]``: clean history and noisy chunks in one
+  sequence (each frame with its own camera); frame 0, the given image, stays clean at timestep 0 (Wan2.2's
+  TI2V conditioning); one timestep per noisy chunk; MSE of the velocity on the noisy half.
+  ``null_text``: the empty prompt's ``[L, D]`` embedding for ``recipe.text_dropout``.
   """
   seq_frames = jnp.asarray(layout.frame_pos.astype(np.int32))
   clean_idx = jnp.asarray(layout.clean_frames)
@@ -76,8 +80,21 @@ def make_loss_fn(model, layout, recipe, latent_stride):
       m = augment.head_window_mask(m, layout.frame_pos, layout.frame_pos, heads, windows.get("window", 12))
     return m[None]
 
+  text_dropout = recipe.get("text_dropout", 0.0)
+  if model.cfg.cross_attn and text_dropout > 0 and null_text is None:
+    raise ValueError(f"recipe.text_dropout={text_dropout} needs the empty prompt's embedding (null_text.npy of an "
+                     "ingested dataset)")
+
   def loss_fn(params, batch, key, step=0, routing=None):
-    lat = vae.encode(batch["frames"], latent_stride)
+    lat = batch["latents"].astype(jnp.float32) if "latents" in batch else vae.encode(batch["frames"], latent_stride)
+    context = None
+    if model.cfg.cross_attn:
+      if "text_emb" not in batch:
+        raise ValueError("model.cross_attn needs text embeddings: train on records ingested with --text_encoder "
+                         "(data.source='records')")
+      context = batch["text_emb"].astype(jnp.float32)
+      if text_dropout > 0:  # LOCI §4: 0.1; trains the unconditional branch of classifier-free guidance
+        context = text_lib.drop_text(jax.random.fold_in(key, 3), context, text_dropout, null_text)
     b = lat.shape[0]
     clean, x0 = lat[:, clean_idx], lat[:, noisy_idx]
     k_t, k_eps = jax.random.split(key)
@@ -89,7 +106,7 @@ def make_loss_fn(model, layout, recipe, latent_stride):
     ts = jnp.concatenate([jnp.zeros((b, n_clean)), t * flow.TIMESTEP_SCALE], axis=1)
     frames = layout.frames(b, Cameras(batch["c2w"], batch["intrinsics"]).frames(seq_frames),
                            mask=step_mask(key, step, routing))
-    v, _ = model.apply({"params": params}, seq, ts, frames, rngs={"frame_select": k_sel})
+    v, _ = model.apply({"params": params}, seq, ts, frames, context=context, rngs={"frame_select": k_sel})
     return jnp.mean(jnp.square(v[:, n_clean:] - flow.velocity_target(x0, eps)))
 
   return loss_fn

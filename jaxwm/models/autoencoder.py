@@ -1,0 +1,129 @@
+"""Video autoencoders by name: what ingestion encodes with, what a checkpoint's latents mean, and what
+sampling decodes with, chunk by chunk.
+
+Names (``data.vae``, ``python -m jaxwm.data.ingest --vae``):
+
+- ``space_to_depth:S``: the lossless stand-in of the procedural scenes (``jaxwm.models.vae``); no
+  temporal compression, ``3 S^2`` channels.
+- ``wan2.2:<weights>`` / ``wan2.1:<weights>``: the Wan VAEs (``jaxwm.models.wan_vae``) with weights from
+  diffusers ``AutoencoderKLWan`` safetensors or the original ``Wan2.x_VAE.pth``; 4x temporal compression,
+  latents normalised per channel (``(z - mean) / std``).
+- ``wan2.2-tiny:<seed>`` / ``wan2.1-tiny:<seed>``: the same structures at test size with random weights from
+  ``seed`` (tests and the CPU end-to-end run; nothing to download).
+"""
+
+import dataclasses
+import functools
+import re
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NAME_FORMS = ("space_to_depth:S", "wan2.2:<weights>", "wan2.1:<weights>", "wan2.2-tiny:<seed>", "wan2.1-tiny:<seed>")
+
+
+@dataclasses.dataclass(frozen=True)
+class Autoencoder:
+  """A video autoencoder.
+
+  Attributes:
+    name: its name (module doc).
+    spatial_stride, temporal_stride: pixels per latent pixel; frames per latent frame after the first.
+    channels: latent channels.
+    encode: uint8 or ``[-1, 1]`` float ``[B, F, H, W, 3]`` (``F = 1 + k * temporal_stride``) -> normalised
+      latents ``[B, 1 + k, H/s, W/s, C]`` float32.
+    decoder: ``batch, h, w -> StreamDecoder``.
+  """
+  name: str
+  spatial_stride: int
+  temporal_stride: int
+  channels: int
+  encode: Callable
+  decoder: Callable
+
+
+class StreamDecoder:
+  """Decodes a latent video chunk by chunk in constant memory: ``step(latents [B, n, h, w, C]) -> uint8
+  [B, frames, H, W, 3]`` (the first chunk's first latent frame gives one frame, every other one
+  ``temporal_stride``); the concatenated chunks equal decoding the whole clip."""
+
+  def __init__(self, init_state, step_fn):
+    self._state, self._step = init_state, step_fn
+
+  def step(self, latents):
+    self._state, video = self._step(self._state, jnp.asarray(latents, jnp.float32))
+    return np.asarray(to_uint8(video))
+
+
+def to_uint8(video):
+  """``[-1, 1]`` float -> uint8."""
+  return jnp.clip(jnp.round((video + 1.0) * 127.5), 0, 255).astype(jnp.uint8)
+
+
+def _to_float(frames):
+  frames = jnp.asarray(frames)
+  return frames.astype(jnp.float32) / 127.5 - 1.0 if frames.dtype == jnp.uint8 else frames.astype(jnp.float32)
+
+
+def _space_to_depth(stride):
+  from jaxwm.models import vae  # pylint: disable=g-import-not-at-top
+
+  def decoder(batch, h, w):
+    del batch, h, w
+    return StreamDecoder(None, lambda state, z: (state, vae.decode(z, stride)))
+
+  return Autoencoder(f"space_to_depth:{stride}", stride, 1, 3 * stride**2,
+                     lambda x: vae.encode(_to_float(x), stride), decoder)
+
+
+@functools.lru_cache(maxsize=4)
+def _wan(kind, source):
+  from jaxwm.models.wan_vae import WanVAE, WanVAEConfig  # pylint: disable=g-import-not-at-top
+  tiny = kind.endswith("-tiny")
+  v21 = kind.startswith("wan2.1")
+  if tiny:
+    cfg = WanVAEConfig.tiny_wan21() if v21 else WanVAEConfig.tiny_wan22()
+  else:
+    cfg = WanVAEConfig.wan21() if v21 else WanVAEConfig.wan22()
+  vae = WanVAE(cfg)
+  s = cfg.scale_factor_spatial
+  if tiny:
+    params = vae.init(jax.random.key(int(source)), jnp.zeros((1, 1, s, s, 3)))
+  else:
+    from jaxwm.convert.wan_vae import load_wan_vae_safetensors  # pylint: disable=g-import-not-at-top
+    params = load_wan_vae_safetensors(source, cfg)
+
+  @jax.jit
+  def encode(x):
+    mean, _ = vae.apply(params, _to_float(x), method=WanVAE.encode)
+    return vae.normalize(mean)
+
+  step = jax.jit(lambda state, z: vae.apply(params, state, vae.denormalize(z), method=WanVAE.decode_step))
+
+  def decoder(batch, h, w):
+    return StreamDecoder(vae.decode_init(batch, h, w), step)
+
+  return Autoencoder(f"{kind}:{source}", s, cfg.scale_factor_temporal, cfg.z_dim, encode, decoder)
+
+
+def make_autoencoder(name):
+  """The :class:`Autoencoder` called ``name`` (module doc); a one-line ValueError names the allowed forms."""
+  m = re.fullmatch(r"space_to_depth(?::(\d+))?", str(name))
+  if m:
+    return _space_to_depth(int(m.group(1) or 4))
+  m = re.fullmatch(r"(wan2\.[12](?:-tiny)?):(.+)", str(name))
+  if m:
+    kind, source = m.groups()
+    if kind.endswith("-tiny") and not source.isdigit():
+      raise ValueError(f"vae={name!r}: {kind} takes an integer seed, e.g. {kind}:0")
+    return _wan(kind, source)
+  raise ValueError(f"vae={name!r}: must be one of {', '.join(NAME_FORMS)}")
+
+
+def ingest_encoder(name):
+  """``(name, fn, temporal_stride, spatial_stride)`` for ``jaxwm.data.ingest.LatentEncoder``."""
+  ae = make_autoencoder(name)
+  return ae.name, (lambda frames: np.asarray(ae.encode(frames))), ae.temporal_stride, ae.spatial_stride
+
