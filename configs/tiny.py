@@ -23,7 +23,7 @@ def get_config():
   c.data = ml_collections.ConfigDict(dict(
       source="tfds", data_dir="data/tfds", num_clips=256, clips_per_scene=8, clip_frames=17, render_size=64,
       image_size=32, latent_stride=4, num_frames=9, frame_stride=2, batch_size=0, per_device_batch_size=4,
-      worker_count=0, palindrome_prob=0.0, scale_divisor=1.0, convention="opencv", vae="space_to_depth:4",
+      worker_count=0, palindrome_prob=0.25, scale_divisor=1.0, convention="opencv", vae="space_to_depth:4",
       text_encoder="none"))
   # data.source: tfds | procedural (rendered on the fly) | records (python -m jaxwm.data.ingest; data.data_dir is the
   # ingested folder, data.vae / data.text_encoder name the encoders it used: jaxwm.models.autoencoder, jaxwm.text).
@@ -38,12 +38,12 @@ def get_config():
       head_windows=dict(enabled=False, window=12, global_fraction=0.25, pool=12)))
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-3, warmup_steps=50, end_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.99, eps=1e-8, grad_clip=1.0,
-      ema_decay=0.0))
+      ema_decay=0.999))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
-      num_steps=900, log_every=10, ckpt_every=300, keep=3, async_checkpoint=True, sample_every=450,
-      workdir="runs/tiny", distributed=False, init_from="", gain_every=300))
+      num_steps=4000, log_every=10, ckpt_every=1000, keep=3, async_checkpoint=True, sample_every=2000,
+      workdir="runs/tiny", distributed=False, init_from="", gain_every=500))
   # init_from: an earlier stage's workdir; gain_every: log the memory gain every k steps (0: off)
   c.sample = ml_collections.ConfigDict(dict(num_steps=10, shift=3.0, guidance=1.0))
   return c

@@ -236,9 +236,6 @@ def check_data(config):
     return
   if config.data.source == "tfds":
     _str(config, "data.data_dir", nonempty=True)
-  if _has(config, "data.vae") and config.data.vae != f"space_to_depth:{config.data.get('latent_stride')}":
-    raise ConfigError("data.vae", config.data.vae, f"must be 'space_to_depth:{config.data.get('latent_stride')}' "
-                                                   "for rendered frames (other VAEs: ingest, data.source='records')")
   _int(config, "data.num_clips", lo=1)
   _int(config, "data.clips_per_scene", lo=1)
   _int(config, "data.clip_frames", lo=1)
@@ -251,6 +248,9 @@ def check_data(config):
                                                f"by an integer factor): one of {divisors}")
   if size % stride:
     raise ConfigError("data.image_size", size, f"must be a multiple of data.latent_stride={stride}")
+  if _has(config, "data.vae") and config.data.vae != f"space_to_depth:{config.data.get('latent_stride')}":
+    raise ConfigError("data.vae", config.data.vae, f"must be 'space_to_depth:{config.data.get('latent_stride')}' "
+                                                   "for rendered frames (other VAEs: ingest, data.source='records')")
   chunk = _int(config, "recipe.chunk_size", lo=1)
   frames = _int(config, "data.num_frames", lo=1)
   if frames < 1 + chunk or (frames - 1) % chunk:

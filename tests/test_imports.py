@@ -1,7 +1,7 @@
 """Import layering, checked on the source (``ast``), so imports inside functions count too:
 
 - ``jaxwm/ops`` holds references only: it imports nothing from ``pallas_kernels``;
-- ``jaxwm/sampling`` imports nothing from ``jaxwm.training``;
+- ``jaxwm/sampling`` and ``jaxwm/cli/sample*.py`` (``sample.py``) import nothing from ``jaxwm.training``;
 - ``pallas_kernels`` uses only public names of ``jaxwm`` (no ``_private`` import or attribute).
 """
 
@@ -93,6 +93,7 @@ def _hits(path, prefix):
 
 
 OPS, SAMPLING, KERNELS = _files("jaxwm/ops"), _files("jaxwm/sampling"), _files("pallas_kernels")
+SAMPLING += sorted((ROOT / "jaxwm" / "cli").glob("sample*.py"))  # sample.py's body and its helpers
 
 
 @pytest.mark.parametrize("path", OPS, ids=_ids(OPS))

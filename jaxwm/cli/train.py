@@ -93,7 +93,7 @@ def _main(argv):
   if len(argv) > 1:
     _refuse(f"unexpected argument {argv[1]!r} (flags are --name=value)")
   config = _FLAGS["config"].value
-  workdir = _FLAGS["workdir"].value or config.train.workdir
+  workdir = config.train.workdir if _FLAGS["workdir"].value is None else _FLAGS["workdir"].value
   for note in _check_config(config, workdir):
     print(f"train.py: {note}")
   if _FLAGS["compile_only"].value:
@@ -113,7 +113,8 @@ def _main(argv):
   if history:
     k = max(1, len(history) // 10)
     print(f"loss: first {k} steps {sum(history[:k]) / k:.4f} -> last {k} steps {sum(history[-k:]) / k:.4f}")
-  print(f"checkpoints and samples in {workdir}; stream a loop with: python sample.py --workdir {workdir}")
+  print(f"checkpoints and samples in {workdir}; stream a loop with: python sample.py --workdir {workdir} "
+        "(installed: jaxwm-sample)")
 
 
 def packaged_configs():
