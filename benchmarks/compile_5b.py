@@ -5,7 +5,8 @@ abstract TPU devices (``jaxwm.training.compile_only``; needs libtpu, no TPU):
 
 A row ``F:topology:variant`` compiles the training step of an ``F``-latent-frame clip (chunks of 2),
 global batch = one clip per chip, FSDP over every chip, full remat, bf16 compute, AdamW state.
-Variants: ``dense`` (teacher forcing, about ``2F`` frames in the sequence, XLA attention),
+Variants: ``dense`` (teacher forcing, about ``2F`` frames in the sequence, XLA attention), ``splash``
+(the same with TPU splash attention, ``model.attention_impl="splash"``),
 ``sparse`` (the same with ViewRope's frame-sparse attention, top-5 history frames, the Pallas TPU
 kernel), ``loci`` (LOCI's 15 hybrid blocks of 30 with the Pallas delta rule, diffusion forcing:
 ``F`` frames in the sequence, softmax blocks dense). Frames are 160x160 space-to-depth latents (stride 4: 40x40x48,
@@ -29,13 +30,15 @@ from jaxwm.training import compile_only  # noqa: E402
 def row_config(frames, topology, encoding, variant="dense"):
   _, _, chips = compile_only.parse_topology(topology)
   c = wan22_ti2v_5b.get_config()
-  if variant == "sparse":
+  if variant == "splash":
+    c.model.attention_impl = "splash"
+  elif variant == "sparse":
     c.model.attention.update(sparsity="frame_topk", top_k=5, impl="pallas_tpu")
   elif variant == "loci":
     c.model.loci.update(enabled=True, impl="pallas_tpu")
     c.recipe.layout = "diffusion_forcing"
   elif variant != "dense":
-    raise ValueError(f"row variant {variant!r}: must be dense, sparse or loci")
+    raise ValueError(f"row variant {variant!r}: must be dense, splash, sparse or loci")
   c.model.camera.update(encoding=encoding, vae_stride=4, channels="t_low")
   c.model.cross_attn = False
   c.data.update(image_size=160, latent_stride=4, num_frames=frames, batch_size=chips, per_device_batch_size=0,

@@ -8,20 +8,35 @@ Each function has its reference's signature plus ``impl`` and ``interpret``:
   it on CPU);
 - anything else: ``ValueError``. Nothing falls back silently.
 
+Dense attention with a token mask (:func:`dot_product_attention`, ``model.attention_impl``) has its
+own names, :data:`ATTENTION_IMPLS`: ``"xla"`` (the reference), ``"splash"`` (TPU splash attention,
+``pallas_kernels.splash_attention``), ``"cudnn"`` (``jax.nn.dot_product_attention`` with cuDNN) and
+``"auto"`` (splash on TPU, cuDNN on GPU, else the reference; logged).
+
 Under a device mesh, XLA cannot partition a Pallas call: ``batch_axes`` (the mesh axes the leading
 batch axis is sharded over, e.g. ``("data", "fsdp")``) runs the kernel per batch shard inside
-``jax.shard_map``; every input and output is split on its leading axis.
+``jax.shard_map``; every input and output is split on its leading axis (splash also splits heads
+over ``head_axes``).
 """
 
+import functools
+import logging
+
 import jax
+import jax.numpy as jnp
+from jax.extend import core as jex_core
+from jax.interpreters import batching, mlir
 from jax.sharding import PartitionSpec as P
 
+from jaxwm.ops import attention as attn_ref
 from jaxwm.ops import delta_rule as dr_ref
 from jaxwm.ops import frame_sparse as fs_ref
 from pallas_kernels import delta_rule as dr_kernels
 from pallas_kernels import frame_sparse_attention as fs_kernels
+from pallas_kernels import splash_attention as splash_kernel
 
 IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
+ATTENTION_IMPLS = ("xla", "splash", "cudnn", "auto")
 
 
 def check_impl(impl, what):
@@ -30,14 +45,126 @@ def check_impl(impl, what):
     raise ValueError(f"{what} impl must be one of {IMPLS}; got impl={impl!r}")
 
 
-def per_batch_shard(fn, batch_axes, *args):
+def _split_axes(mesh, axes):
+  return tuple(a for a in (axes or ()) if not mesh.empty and a in mesh.shape and mesh.shape[a] > 1)
+
+
+def per_batch_shard(fn, batch_axes, *args, head_axes=None, specs=None):
   """``fn(*args)``, run per shard of the leading axis over mesh axes ``batch_axes`` of the current mesh
-  (``jax.set_mesh``) when they split it; directly otherwise (no mesh, one device, or no axes)."""
+  (``jax.set_mesh``) when they split it; directly otherwise (no mesh, one device, or no axes).
+
+  ``specs(batch, heads) -> (in_specs, out_specs)``, given the axes of ``batch_axes`` and ``head_axes``
+  that split the mesh (None when none do), places other axes (e.g. heads, or a mask shared by the
+  batch); by default every input and output is split on its leading axis over the batch axes.
+  """
   mesh = jax.sharding.get_abstract_mesh()
-  axes = tuple(a for a in (batch_axes or ()) if not mesh.empty and a in mesh.shape and mesh.shape[a] > 1)
-  if not axes:
+  batch = _split_axes(mesh, batch_axes)
+  heads = tuple(a for a in _split_axes(mesh, head_axes) if a not in batch)
+  if not batch and not (heads and specs):
     return fn(*args)
-  return jax.shard_map(fn, mesh=mesh, in_specs=P(axes), out_specs=P(axes), check_vma=False)(*args)
+  in_specs, out_specs = (P(batch), P(batch)) if specs is None else specs(batch or None, heads or None)
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+
+
+def _refuse(message, platforms):
+  raise ValueError(f"{message} cannot be lowered for platform {', '.join(platforms)}")
+
+
+_refused = jex_core.Primitive("jaxwm_kernel_refused")
+_refused.def_abstract_eval(lambda x, **_: x)
+_refused.def_impl(lambda x, *, message: _refuse(message, (jax.default_backend(),)))
+mlir.register_lowering(_refused, lambda ctx, x, *, message: _refuse(message, ctx.module_context.platforms))
+batching.defvectorized(_refused)
+
+
+def only_on(platform, what, fn, *args):
+  """``fn(*args)`` where the program is lowered for ``platform``; lowering it for any other platform raises
+  ``ValueError`` naming ``what`` and that platform (``jax.lax.platform_dependent``: decided when lowering,
+  so tracing and ``jax.eval_shape`` anywhere, and ahead-of-time compiles for abstract TPUs, work)."""
+
+  def refuse(a):
+    return _refused.bind(jnp.zeros(a.shape, a.dtype), message=what)
+
+  @jax.custom_vjp
+  def refused(*args):
+    return jax.tree.map(refuse, jax.eval_shape(fn, *args))
+
+  avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+
+  def refused_fwd(*args):
+    return refused(*args), None
+
+  def refused_bwd(_, ct):  # a gradient-only program keeps no forward: refuse here too
+    del ct
+    return jax.tree.map(refuse, avals)
+
+  refused.defvjp(refused_fwd, refused_bwd)
+  return jax.lax.platform_dependent(*args, **{platform: fn}, default=refused)
+
+
+def target_platform():
+  """The platform being traced for: the current mesh's devices' (``jax.set_mesh``, abstract TPU devices
+  of an ahead-of-time compile included), else ``jax.default_backend()``."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  return device.platform if device is not None else jax.default_backend()
+
+
+def resolve_attention_impl(impl):
+  """``impl`` of :func:`dot_product_attention`; ``"auto"`` resolved for :func:`target_platform` (logged).
+  ``ValueError`` naming the value and :data:`ATTENTION_IMPLS` otherwise."""
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"model.attention_impl={impl!r}: must be one of {ATTENTION_IMPLS}")
+  if impl == "auto":
+    platform = target_platform()
+    impl = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
+    logging.info("model.attention_impl 'auto' resolved to %r for platform %r", impl, platform)
+  return impl
+
+
+def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpret=False, batch_axes=None,
+                          head_axes=None, block=512):
+  """Dense attention with a boolean token mask (``jaxwm.ops.attention.dot_product_attention``) by ``impl``
+  (:data:`ATTENTION_IMPLS`).
+
+  ``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]``, ``mask`` bool ``[1 or B, (1 or H,) Lq, Lk]`` (True = attend;
+  NumPy: a static splash mask; None: all) -> ``[B, Lq, H, D]`` in ``q``'s dtype. ``splash`` runs on a TPU
+  (or with ``interpret=True`` on CPU) per batch shard over ``batch_axes`` and head shard over
+  ``head_axes`` of the current mesh, in blocks of ``block`` tokens; lowering it for another platform
+  raises ``ValueError`` (:func:`only_on`; nothing falls back). ``cudnn`` raises ``ValueError`` when
+  traced where jax finds no cuDNN.
+  """
+  impl = resolve_attention_impl(impl)
+  if impl == "cudnn":
+    try:
+      return attn_ref.dot_product_attention(q, k, v, mask, scale=scale, impl="cudnn")
+    except RuntimeError as e:  # jax: "cuDNN is not detected." (no CUDA GPU / jax cuda plugin)
+      raise ValueError(f"model.attention_impl='cudnn' needs a CUDA GPU with cuDNN: {e}") from e
+  if impl == "xla":
+    return attn_ref.dot_product_attention(q, k, v, mask, scale=scale)
+  static = splash_kernel.static_mask(mask)  # [Hm, Lq, Lk] NumPy, or None
+  if static is not None and static.shape[0] > 1 and _split_axes(jax.sharding.get_abstract_mesh(), head_axes):
+    static = None  # per-head masks follow their heads' shards
+  dynamic = mask is not None and static is None
+
+  def fn(q, k, v, *m):
+    kernel = functools.partial(splash_kernel.attention, scale=scale, block=block, interpret=interpret)
+    mask = m[0] if dynamic else None if static is None else static[None]
+    if interpret:
+      return kernel(q, k, v, mask)
+    return only_on("tpu", "model.attention_impl='splash' (a TPU kernel; model.attention.interpret=True runs it on "
+                   "CPU, 'cudnn' on GPU, 'xla' anywhere)", lambda q, k, v: kernel(q, k, v, mask), q, k, v)
+
+  def specs(batch, heads):
+    qkv = P(batch, None, heads, None)
+    if not dynamic:
+      return (qkv,) * 3, qkv
+    m_batch = batch if mask.shape[0] > 1 else None
+    m = P(m_batch, None, None) if mask.ndim == 3 else P(m_batch, heads if mask.shape[1] > 1 else None, None, None)
+    return (qkv,) * 3 + (m,), qkv
+
+  args = (q, k, v, jnp.asarray(mask)) if dynamic else (q, k, v)
+  return per_batch_shard(fn, batch_axes, *args, head_axes=head_axes, specs=specs)
 
 
 def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl="xla", interpret=False,
@@ -98,6 +225,6 @@ def delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, outp
 
   s0 = initial_state
   if s0 is None:
-    s0 = jax.numpy.zeros((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), jax.numpy.float32)
+    s0 = jnp.zeros((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), jnp.float32)
   o, state = per_batch_shard(fn, batch_axes, q, k, v, g, beta, s0)
   return o, (state if output_final_state else None)

@@ -102,6 +102,19 @@ def test_compile_only_with_pallas_kernels_on_a_sharded_mesh():
     assert compile_only.run(c, "v5e:2x2", "train")[1]
 
 
+@needs_libtpu
+def test_compile_only_with_splash_attention_on_a_sharded_mesh():
+  """Dense teacher forcing with ``model.attention_impl="splash"``: the sharded train step compiles with
+  splash's Mosaic kernels (per batch shard in shard_map) and no dense score matrix."""
+  from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
+  c = tiny_config()
+  c.model.attention_impl = "splash"
+  c.mesh.update(data=2, fsdp=2)
+  assert compile_only.run(c, "v5e:2x2", "train")[1]
+  with pytest.raises(ValueError, match=r"'splash' \(a TPU kernel; .*\) cannot be lowered for platform cpu"):
+    compile_only.compile_train(c, jax.devices()[:4])
+
+
 def test_kernels_run_per_batch_shard_under_a_mesh():
   """``batch_axes``: the kernels (interpreted on CPU) split over a 2x2 mesh equal the references."""
   import numpy as np  # pylint: disable=g-import-not-at-top

@@ -21,7 +21,7 @@ from jaxwm.encodings.rope3d import apply_rotary
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.layers import RMSNorm, batch_mesh_axes, dense
 from jaxwm.ops import frame_sparse
-from jaxwm.ops.attention import attention_weights, dot_product_attention
+from jaxwm.ops.attention import attention_weights
 
 
 def expand_frame_mask(mask, tokens_per_frame):
@@ -30,6 +30,15 @@ def expand_frame_mask(mask, tokens_per_frame):
   n = tokens_per_frame
   m = jnp.broadcast_to(mask[..., :, None, :, None], (*lead, sq, n, sk, n))
   return m.reshape(*lead, sq * n, sk * n)
+
+
+def _dense(cfg, q, k, v, tokens):
+  """Dense attention by ``model.attention_impl`` (``jaxwm.kernels.dot_product_attention``); kernels run per
+  batch shard and per head shard (the mesh axes of the logical ``act_heads`` axis)."""
+  heads = nn.logical_to_mesh_axes(("act_heads",))
+  heads = () if not heads or heads[0] is None else (heads[0] if isinstance(heads[0], tuple) else (heads[0],))
+  return kernels.dot_product_attention(q, k, v, tokens, impl=cfg.attention_impl, interpret=cfg.attention.interpret,
+                                       batch_axes=batch_mesh_axes(), head_axes=heads)
 
 
 @flax.struct.dataclass
@@ -75,7 +84,7 @@ class Attention(nn.Module):
     q, k, v = (a.reshape(a.shape[:2] + (h, d)) for a in (q, k, v))
     to_out = dense(cfg.dim, ("heads", "embed"), "to_out", dt)
     if self.kind == "cross":  # no positions, no cameras
-      out = dot_product_attention(q, k, v, None, impl=cfg.attention_impl)
+      out = _dense(cfg, q, k, v, None)
       return to_out(out.reshape(out.shape[:2] + (cfg.dim,)))
     enc = cfg.encoding
     plan = ChannelPlan(cfg.camera, d)
@@ -102,7 +111,7 @@ class Attention(nn.Module):
       frame_idx = jnp.concatenate([jnp.broadcast_to(mask.local, selected.shape[:2] + mask.local.shape[-1:]),
                                    selected], -1)
     else:
-      out = dot_product_attention(q, k, v, None if mask is None else mask.tokens, impl=cfg.attention_impl)
+      out = _dense(cfg, q, k, v, None if mask is None else mask.tokens)
     if self.is_mutable_collection("intermediates") and self.kind == "softmax":  # analysis only
       self._sow_weights(q, k, mask, frame_idx)
     out, residual = enc.decode(out, queries.cam, plan, params)

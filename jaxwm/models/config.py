@@ -169,7 +169,8 @@ class ModelConfig:
     dtype: compute dtype name (``float32`` / ``bfloat16``); parameters stay float32.
     remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
-    attention_impl: ``xla`` | ``cudnn`` | ``auto`` (see ``jaxwm.ops.attention``), for dense attention.
+    attention_impl: dense attention (``jaxwm.kernels.dot_product_attention``): ``xla`` (the reference) |
+      ``splash`` (TPU splash attention; ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto``.
     attention: frame sparsity of self-attention (:class:`AttentionConfig`).
     loci: LOCI hybrid blocks with recurrent memory (:class:`LociConfig`).
   """

@@ -1,4 +1,8 @@
-"""Reference multi-head dot-product attention with a boolean mask (softmax in float32)."""
+"""Reference multi-head dot-product attention with a boolean mask (softmax in float32).
+
+The model dispatches through ``jaxwm.kernels.dot_product_attention`` (``model.attention_impl``), which adds
+TPU splash attention (``pallas_kernels.splash_attention``) to the names here.
+"""
 
 import logging
 

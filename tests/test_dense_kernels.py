@@ -1,0 +1,211 @@
+"""Dense attention kernels chosen by ``model.attention_impl`` (``jaxwm.kernels.dot_product_attention``):
+
+- TPU splash attention equals the reference in Pallas' interpret mode on the teacher-forcing layout's
+  mask (odd tokens per frame, several blocks, static and dynamic masks, per-head and per-example
+  masks, forward and gradients), and compiles with the real Mosaic compiler for abstract v5e / v5p
+  chips under a 4-device mesh (``shard_map`` over the batch, or batch and heads), with no
+  ``[L, L]`` score matrix left in the program;
+- cuDNN: ``jax.nn.dot_product_attention(implementation="cudnn")`` needs cuDNN at trace time
+  (``RuntimeError: cuDNN is not detected.`` here, refused as a ValueError), so its CUDA lowering is
+  checked with jax's cuDNN version probe stubbed, and the XLA (``implementation=None``) path too;
+- unknown names and kernels on the wrong platform are refused, nothing falls back.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxwm import kernels
+from jaxwm.models.attention import expand_frame_mask
+from jaxwm.ops.attention import dot_product_attention as reference
+from jaxwm.training.layout import teacher_forcing_layout
+
+needs_libtpu = pytest.mark.skipif(__import__("importlib").util.find_spec("libtpu") is None,
+                                  reason="libtpu (pip install 'jax[tpu]', in the test extras) compiles for TPUs")
+
+
+def _tf_mask(num_frames, chunk, tokens_per_frame):
+  """The teacher-forcing layout's frame mask ``[S, S]`` and its token mask ``[1, S*N, S*N]`` (NumPy)."""
+  frames = teacher_forcing_layout(num_frames, chunk).mask
+  return frames, np.asarray(expand_frame_mask(jnp.asarray(frames)[None], tokens_per_frame))
+
+
+def _qkv(b, length, h, d, dtype=jnp.float32, seed=0):
+  return tuple(jax.random.normal(k, (b, length, h, d), dtype) for k in jax.random.split(jax.random.key(seed), 3))
+
+
+def _splash(mask, **kw):
+  return lambda q, k, v: kernels.dot_product_attention(q, k, v, mask, impl="splash", interpret=True, block=128, **kw)
+
+
+def test_splash_matches_the_reference_on_the_teacher_forcing_mask():
+  """7 frames of 37 tokens (259 tokens: 3 blocks of 128 after padding), forward and gradients."""
+  frames, tok = _tf_mask(5, 2, 37)
+  assert frames.shape == (7, 7) and not frames.all()
+  q, k, v = _qkv(2, tok.shape[-1], 2, 32)
+  want = reference(q, k, v, jnp.asarray(tok))
+  for mask in (tok, jnp.asarray(tok)):  # static (NumpyMask) and dynamic (traced) masks
+    np.testing.assert_allclose(np.asarray(jax.jit(_splash(mask))(q, k, v)), np.asarray(want), atol=2e-6)
+  cot = jax.random.normal(jax.random.key(1), want.shape)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)  # pylint: disable=unnecessary-lambda-assignment
+  grads = jax.jit(jax.grad(loss(_splash(jnp.asarray(tok))), (0, 1, 2)))(q, k, v)
+  ref_grads = jax.grad(loss(lambda *a: reference(*a, jnp.asarray(tok))), (0, 1, 2))(q, k, v)
+  for name, g, r in zip("qkv", grads, ref_grads):
+    rel = float(jnp.abs(g - r).max() / jnp.abs(r).max())
+    assert rel < 1e-5, (name, rel)
+
+
+def test_splash_per_head_per_example_and_unmasked():
+  """Per-head masks (ReWorld's head windows), one mask per example (each its own block tables) and no
+  mask (padded keys masked by segment ids), against the reference."""
+  frames, tok = _tf_mask(5, 2, 29)  # 7 frames, 203 tokens
+  n, length, s = 29, tok.shape[-1], frames.shape[0]
+  q, k, v = _qkv(2, length, 2, 16, seed=2)
+  window = np.asarray(frames & (np.arange(s)[:, None] - np.arange(s)[None, :] < 2))
+  per_head = np.stack([tok[0], np.asarray(expand_frame_mask(jnp.asarray(window)[None], n))[0]])[None]  # [1, H, L, L]
+  per_example = np.concatenate([tok, per_head[:, 1]])  # [B, L, L]
+  for mask in (jnp.asarray(per_head), per_head, jnp.asarray(per_example), None):
+    want = reference(q, k, v, None if mask is None else jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(jax.jit(_splash(mask))(q, k, v)), np.asarray(want), atol=2e-6)
+  g = jax.jit(jax.grad(lambda q: _splash(None)(q, k, v).sum()))(q)
+  np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(lambda q: reference(q, k, v).sum())(q)), atol=1e-5)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology,split", [("v5e:2x2", "batch"), ("v5p:2x2x1", "batch"), ("v5e:2x2", "heads")])
+def test_splash_compiles_for_tpu_under_a_4_device_mesh(topology, split):
+  """Wan heads (D = 128, bf16), 390 tokens per frame, 7 frames (2,730 tokens), forward and backward, under
+  ``shard_map``: batch over ``(data, fsdp)``, or batch over ``data`` and heads over ``model`` with per-head masks."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.compile_only import topology_devices  # pylint: disable=g-import-not-at-top
+  frames, _ = _tf_mask(5, 2, 1)
+  n, heads, d = 390, 4, 128
+  length = frames.shape[0] * n
+  axes = ("data", "fsdp") if split == "batch" else ("data", "model")
+  mesh = Mesh(np.asarray(topology_devices(topology)[:4]).reshape(2, 2), axes)
+  batch_axes, head_axes = (axes, None) if split == "batch" else (("data",), ("model",))
+  b = 4 if split == "batch" else 2
+  qkv_spec = P(batch_axes, None, head_axes, None)
+  x = jax.ShapeDtypeStruct((b, length, heads, d), jnp.bfloat16, sharding=NamedSharding(mesh, qkv_spec))
+  mask_shape = (1, length, length) if split == "batch" else (1, heads, length, length)
+  mask = jax.ShapeDtypeStruct(mask_shape, jnp.bool_, sharding=NamedSharding(mesh, P()))
+
+  def grads(q, k, v, m):
+    f = lambda q, k, v: kernels.dot_product_attention(  # pylint: disable=unnecessary-lambda-assignment
+        q, k, v, m, impl="splash", batch_axes=batch_axes, head_axes=head_axes).astype(jnp.float32).sum()
+    return jax.grad(f, (0, 1, 2))(q, k, v)
+
+  with jax.set_mesh(mesh):
+    lowered = jax.jit(grads).lower(x, x, x, mask)
+    assert "shard_map" in str(jax.make_jaxpr(grads)(x, x, x, mask))
+  compiled = lowered.compile()
+  text = compiled.as_text()
+  assert text.count("tpu_custom_call") >= 2  # splash forward and fused backward: no XLA fallback
+  pad = -(-length // 512) * 512
+  assert not re.search(rf"f32\[[^\]]*\b({length}|{pad}),({length}|{pad})\b", text)  # no score matrix
+  local_heads = heads // (1 if split == "batch" else 2)
+  scores = local_heads * length * length * 4  # the reference's f32 scores of one call, per device
+  # A traced mask reaches the kernel as its padded blocks in int32 (Mosaic has no bool memrefs): one
+  # copy per mask head, which for per-head masks is as large as the scores themselves.
+  mask_blocks = (1 if split == "batch" else local_heads) * pad * pad * 4
+  assert compiled.memory_analysis().temp_size_in_bytes < (scores if split == "batch" else scores + mask_blocks)
+
+
+CUDNN_CALLS = ("__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward")
+
+
+def _cuda_export(fn, *args):
+  from jax import export  # pylint: disable=g-import-not-at-top
+  checks = [export.DisabledSafetyCheck.custom_call(t) for t in CUDNN_CALLS]  # no compatibility guarantee
+  return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
+
+
+def test_cudnn_lowers_for_cuda(monkeypatch):
+  """``impl="cudnn"``: refused here (no cuDNN at trace time); with jax's cuDNN probe stubbed to 9.8 the
+  forward and backward lower to cuDNN's fused attention custom call for CUDA with the token mask."""
+  _, tok = _tf_mask(3, 2, 26)  # 78 tokens (cuDNN with a bias needs even lengths in training)
+  x = jax.ShapeDtypeStruct((2, tok.shape[-1], 2, 128), jnp.bfloat16)
+  m = jax.ShapeDtypeStruct(tok.shape, jnp.bool_)
+
+  def loss(q, k, v, m):
+    return kernels.dot_product_attention(q, k, v, m, impl="cudnn").astype(jnp.float32).sum()
+
+  def grads(q, k, v, m):
+    return jax.grad(loss, (0, 1, 2))(q, k, v, m)
+
+  with pytest.raises(ValueError, match="attention_impl='cudnn' needs a CUDA GPU with cuDNN: cuDNN is not detected"):
+    _cuda_export(grads, x, x, x, m)
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 90800)
+  text = _cuda_export(grads, x, x, x, m)
+  assert all(f"@{t}(" in text for t in CUDNN_CALLS)
+
+
+def test_xla_attention_lowers_for_cuda():
+  """The ``implementation=None`` (XLA) path of ``jax.nn.dot_product_attention`` with the token mask, and
+  the reference, lower for CUDA here (no GPU needed)."""
+  _, tok = _tf_mask(3, 2, 26)
+  x = jax.ShapeDtypeStruct((2, tok.shape[-1], 2, 128), jnp.bfloat16)
+  m = jax.ShapeDtypeStruct(tok.shape, jnp.bool_)
+
+  def nn_xla(q, k, v, m):
+    return jax.nn.dot_product_attention(q, k, v, mask=m[:, None], implementation=None)
+
+  for fn in (nn_xla, lambda q, k, v, m: kernels.dot_product_attention(q, k, v, m, impl="xla")):
+    text = _cuda_export(lambda *a, fn=fn: jax.grad(lambda q: fn(q, *a[1:]).astype(jnp.float32).sum())(a[0]),
+                        x, x, x, m)
+    assert "stablehlo.dot_general" in text and "cudnn" not in text
+
+
+def test_impls_are_checked_and_never_fall_back():
+  q, k, v = _qkv(1, 8, 1, 8)
+  with pytest.raises(ValueError, match=r"model.attention_impl='flash': must be one of \('xla', 'splash', 'cudnn'"):
+    kernels.dot_product_attention(q, k, v, impl="flash")
+
+  def splash(q, k, v):
+    return kernels.dot_product_attention(q, k, v, impl="splash")
+
+  assert jax.eval_shape(splash, q, k, v).shape == q.shape  # tracing anywhere is fine; lowering decides
+  refused = r"model.attention_impl='splash' \(a TPU kernel; .*\) cannot be lowered for platform "
+  with pytest.raises(ValueError, match=refused + "cpu"):
+    jax.jit(jax.grad(lambda q: splash(q, k, v).sum()))(q)
+  with pytest.raises(ValueError, match=refused + "cuda"):
+    _cuda_export(splash, q, k, v)
+  assert kernels.resolve_attention_impl("auto") == "xla"  # on CPU; splash on TPU, cudnn on GPU
+  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+  from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
+  c = tiny_config()
+  c.model.attention_impl = "flash"
+  with pytest.raises(config_checks.ConfigError, match="model.attention_impl='flash': must be one of 'xla', 'splash'"):
+    config_checks.check_model(c)
+  c.model.attention_impl = "splash"
+  config_checks.check_model(c)  # viewrope: per-key transforms, kernels apply
+  c.model.camera.update(encoding="worldrope", channels="hw")
+  with pytest.raises(config_checks.ConfigError, match="its per-view attention has no kernel"):
+    config_checks.check_model(c)
+
+
+def test_model_with_splash_equals_xla():
+  """The tiny model's teacher-forcing forward with ``attention_impl="splash"`` (interpreted) equals ``xla``."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import CameraConfig, ModelConfig  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.init import init_params  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
+  layout = teacher_forcing_layout(5, 2)
+  s = layout.mask.shape[0]
+  cfg = ModelConfig(dim=64, num_heads=2, num_layers=2, ffn_dim=64, in_channels=12, out_channels=12,
+                    camera=CameraConfig(encoding="rope3d"))
+  shape = (1, s, 6, 6, 12)  # 9 tokens per frame
+  x = jax.random.normal(jax.random.key(0), shape)
+  frames = layout.frames(1)
+  params = nn.unbox(init_params(WanModel(cfg), jax.random.key(1), shape, 24))
+  outs = []
+  for impl in ("xla", "splash"):
+    model = WanModel(dataclasses.replace(cfg, attention_impl=impl,
+                                         attention=dataclasses.replace(cfg.attention, interpret=True)))
+    outs.append(jax.jit(lambda p, x, m=model: m.apply({"params": p}, x, jnp.zeros(shape[:2]), frames)[0])(params, x))
+  np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5)
