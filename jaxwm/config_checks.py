@@ -369,13 +369,16 @@ def check_model(config):
 
 
 def check_init_from(config, workdir=None):
-  """``train.init_from`` must exist unless the run resumes (``<workdir>/checkpoints`` exists)."""
+  """``train.init_from`` (an earlier stage's workdir, or the released Wan transformer's ``.safetensors`` file(s)
+  or their directory) must exist unless the run resumes (``<workdir>/checkpoints`` exists)."""
   src = config.train.get("init_from", "")
   if not src:
     return
   resumes = workdir is not None and (pathlib.Path(workdir) / "checkpoints").is_dir()
-  if not resumes and not os.path.isdir(os.path.expanduser(src)):
-    raise ConfigError("train.init_from", src, "no such directory (the earlier stage's workdir)")
+  path = os.path.expanduser(src)
+  if not resumes and not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".safetensors"))):
+    raise ConfigError("train.init_from", src, "no such directory or .safetensors file (an earlier stage's workdir, "
+                                              "or the Wan transformer's weights)")
 
 
 def batch_axes(config):

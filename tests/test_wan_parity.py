@@ -183,3 +183,36 @@ def test_load_safetensors_into_shards(models, tmp_path):
   loaded2 = load_wan_safetensors(tmp_path / "orig.safetensors", CFG)
   for a, b in zip(jax.tree_util.tree_leaves(loaded2), jax.tree_util.tree_leaves(variables)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_fine_tuning_starts_from_wan_weights(models, tmp_path):
+  """train.init_from=<diffusers safetensors>: every backbone parameter from the file, the additions (Plücker,
+  LOCI memory) at their own initialisation; LOCI's grouped layer stacks split from the file's one stack."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+
+  from jaxwm.convert.wan import pretrained_params  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import CameraConfig, LociConfig  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.init import init_params  # pylint: disable=g-import-not-at-top
+  tm, variables, inp = models
+  if inp["cfg"] is not CFG:
+    pytest.skip("checked on the default variant")
+  save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(tmp_path / "w.safetensors"))
+  cfg = dataclasses.replace(CFG, dim=128, num_heads=2, camera=CameraConfig(encoding="viewrope", plucker=True),
+                            loci=LociConfig(enabled=True, blocks=(1,), chunk_size=16))
+  with pytest.raises(ValueError, match="has shape"):  # a wider model than the file's
+    fresh = nn.unbox(init_params(WanModel(cfg), jax.random.key(0), (1, 2, 4, 6, 4), 32))
+    pretrained_params(tmp_path / "w.safetensors", cfg, fresh)
+  cfg = dataclasses.replace(cfg, dim=CFG.dim, num_heads=CFG.num_heads, camera=CameraConfig(plucker=True))
+  fresh = nn.unbox(init_params(WanModel(cfg), jax.random.key(0), (1, 2, 4, 6, 4), 32))
+  params, loaded, kept = pretrained_params(tmp_path, cfg, fresh)  # a directory of safetensors
+  want = variables["params"]
+  assert params["patch_embedding"]["kernel"].shape == want["patch_embedding"]["kernel"].shape
+  np.testing.assert_array_equal(params["patch_embedding"]["kernel"], want["patch_embedding"]["kernel"])
+  for name, lo, hi in (("blocks_0_1", 0, 1), ("blocks_1_2", 1, 2)):
+    np.testing.assert_array_equal(params[name]["attn1"]["to_q"]["kernel"], want["blocks"]["attn1"]["to_q"]["kernel"][lo:hi])
+  assert any("plucker" in k for k in kept) and any("memory" in k for k in kept)
+  assert not any("memory" in k or "plucker" in k for k in loaded)
+  np.testing.assert_array_equal(params["blocks_1_2"]["memory"]["mem_q"]["kernel"],
+                                fresh["blocks_1_2"]["memory"]["mem_q"]["kernel"])

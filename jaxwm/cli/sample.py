@@ -77,6 +77,9 @@ def _parser():
   p.add_argument("--out", default=None, help="output video, .gif or .mp4 (default: a new name under samples/)")
   p.add_argument("--overwrite", action="store_true", help="replace an existing --out and its .json")
   p.add_argument("--prompt", default=None, help="text prompt (text-conditioned models, trained on ingested records)")
+  p.add_argument("--adapter", default=None,
+                 help="a distilled LoRA adapter (a distillation workdir, its adapter/ or one step of it), merged into "
+                      "the model; its few-step settings become the defaults of --steps, --shift and --guidance")
   p.add_argument("--guidance", type=float, default=None,
                  help="classifier-free guidance scale on the text, > 0 (default: the checkpoint's sample.guidance)")
   return p
@@ -99,6 +102,8 @@ def _check_args(args):
     raise Refusal(f"--window={args.window}: must be >= 1 (frames kept after the sink)")
   if args.scale_divisor is not None and not (math.isfinite(args.scale_divisor) and args.scale_divisor > 0):
     raise Refusal(f"--scale_divisor={args.scale_divisor}: must be a finite number > 0")
+  if args.adapter is not None and not pathlib.Path(args.adapter).is_dir():
+    raise Refusal(f"--adapter={args.adapter!r}: no such directory (a distillation workdir or its adapter/)")
   if args.guidance is not None and not (math.isfinite(args.guidance) and args.guidance > 0):
     raise Refusal(f"--guidance={args.guidance}: must be a finite number > 0")
   if not 0 <= args.seed <= MAX_SEED:
@@ -144,6 +149,15 @@ def _main(argv):
     config, model, variables, step = load_model(args.workdir, args.step)
   except (FileNotFoundError, ValueError) as e:
     raise Refusal(e) from None
+  lora_tag = ""
+  if args.adapter is not None:  # merged once: the streaming forward is unchanged
+    from jaxwm.distill.student import adapter_tag, apply_adapter  # pylint: disable=g-import-not-at-top
+    try:
+      variables, note = apply_adapter(config, variables, args.adapter)
+    except (FileNotFoundError, ValueError) as e:
+      raise Refusal(f"--adapter={args.adapter!r}: {e}") from None
+    print(f"sample.py: {note}")
+    lora_tag = f"_{adapter_tag(args.adapter)}"
 
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -229,7 +243,7 @@ def _main(argv):
     memory = make_policy(args.memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(size, size), **kwargs)
   except (ValueError, TypeError) as e:
     raise Refusal(f"--memory={args.memory}: {e}") from None
-  base = pathlib.Path("samples") / f"{(run_dir(args.workdir).name or 'run')}_step{step}_{source}"
+  base = pathlib.Path("samples") / f"{(run_dir(args.workdir).name or 'run')}_step{step}{lora_tag}_{source}"
   out_path = pathlib.Path(args.out) if args.out is not None else _free_name(base)
   if args.out is None:
     said.append(f"--out {out_path} (a new name)")
@@ -248,7 +262,7 @@ def _main(argv):
     out_path = _free_name(out_path.with_suffix(""), out_path.suffix)
     print(f"sample.py: {args.out} appeared meanwhile; writing {out_path} instead")
   report = {"checkpoint_step": int(step), "frames": frames_n, "return_frame": int(ret), "memory": args.memory,
-            "steps": int(steps), "shift": float(shift), "seed": args.seed}
+            "steps": int(steps), "shift": float(shift), "seed": args.seed, "adapter": args.adapter}
   if gt is not None:
     report["psnr"] = [float(x) for x in psnr(video, gt)]  # frame 0 is the given frame: often inf, written as null
     report["ssim"] = [float(x) for x in ssim(video, gt)]

@@ -93,7 +93,7 @@ def _main(argv):
   if len(argv) > 1:
     _refuse(f"unexpected argument {argv[1]!r} (flags are --name=value)")
   config = _FLAGS["config"].value
-  workdir = config.train.workdir if _FLAGS["workdir"].value is None else _FLAGS["workdir"].value
+  workdir = _FLAGS["workdir"].value or config.train.workdir
   for note in _check_config(config, workdir):
     print(f"train.py: {note}")
   if _FLAGS["compile_only"].value:
@@ -103,7 +103,10 @@ def _main(argv):
     except ValueError as e:
       _refuse(e)
     sys.exit(0 if fits else 1)
-  from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
+  if "distill" in config:  # configs/distill.py: few-step LoRA distillation of distill.teacher (jaxwm.distill)
+    from jaxwm.distill.loop import run  # pylint: disable=g-import-not-at-top
+  else:
+    from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax and grain are chatty at INFO
   from jaxwm.training.loop import RunRefusedError  # pylint: disable=g-import-not-at-top
   try:
@@ -113,8 +116,12 @@ def _main(argv):
   if history:
     k = max(1, len(history) // 10)
     print(f"loss: first {k} steps {sum(history[:k]) / k:.4f} -> last {k} steps {sum(history[-k:]) / k:.4f}")
-  print(f"checkpoints and samples in {workdir}; stream a loop with: python sample.py --workdir {workdir} "
-        "(installed: jaxwm-sample)")
+  if "distill" in config:
+    print(f"adapter in {workdir}/adapter; stream with it: python sample.py --workdir {config.distill.teacher} "
+          f"--adapter {workdir}")
+  else:
+    print(f"checkpoints and samples in {workdir}; stream a loop with: python sample.py --workdir {workdir} "
+          "(installed: jaxwm-sample)")
 
 
 def packaged_configs():

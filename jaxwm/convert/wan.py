@@ -205,3 +205,72 @@ def load_wan_safetensors(paths, cfg: ModelConfig, abstract_params=None, sharding
     return jax.tree_util.tree_map(jax.numpy.asarray, tree)
   return jax.tree_util.tree_map(lambda a, s: jax.make_array_from_callback(a.shape, s, lambda idx: a[idx]), tree,
                                 shardings)
+
+
+def backbone_config(cfg: ModelConfig):
+  """``cfg`` without what the released Wan transformer lacks: LOCI memory, Plücker injection and parameterised
+  camera encodings (their parameters start from their own initialisation when fine-tuning)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  return dataclasses.replace(cfg, loci=dataclasses.replace(cfg.loci, enabled=False),
+                             camera=dataclasses.replace(cfg.camera, encoding="rope3d", plucker=False))
+
+
+def _read_state_dict(paths):
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  paths = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
+  files = []
+  for p in map(pathlib.Path, paths):
+    files += sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+  if not files:
+    raise FileNotFoundError(f"no .safetensors files at {[str(p) for p in paths]}")
+  sd = {}
+  for f in files:
+    sd.update(load_file(str(f)))
+  if any(".self_attn." in k or k.startswith("head.") for k in sd):
+    sd = original_wan_to_diffusers_keys(sd)
+  return sd
+
+
+def pretrained_params(paths, cfg: ModelConfig, params):
+  """The released Wan transformer's weights in a model that may add to it (fine-tuning's starting point).
+
+  Args:
+    paths: diffusers ``diffusion_pytorch_model*.safetensors`` files, or a directory of them (original Wan
+      names are renamed).
+    cfg: the fine-tuned model's config (any encoding, Plücker, LOCI).
+    params: that model's freshly initialised parameters (``{"blocks"...}``, not boxed; jax or numpy arrays).
+
+  Returns:
+    ``(params, loaded, kept)``: ``params`` with every backbone parameter from the checkpoint (cast to the
+    fresh leaf's dtype, placed with its sharding when it has one), and the ``/``-joined paths loaded and kept
+    at their initialisation (the additions: camera path, memory).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.layer_stacks import split_layers  # pylint: disable=g-import-not-at-top
+  tree = diffusers_to_jaxwm(_read_state_dict(paths), backbone_config(cfg))["params"]
+  if len(cfg.layer_groups) > 1:
+    in_file = set(tree["blocks"])
+    tree = split_layers(tree, cfg, fill=params)
+    tree = {k: ({n: v for n, v in g.items() if n in in_file} if k.startswith("blocks_") else g)
+            for k, g in tree.items()}  # memory parameters came from the fresh init: kept, not loaded
+  flat = {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  loaded, kept = [], []
+
+  def take(path, leaf):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    src = flat.get(name)
+    if src is None:
+      kept.append(name)
+      return leaf
+    if tuple(src.shape) != tuple(leaf.shape):
+      raise ValueError(f"Wan checkpoint parameter {name} has shape {tuple(src.shape)}; the model's is "
+                       f"{tuple(leaf.shape)}")
+    loaded.append(name)
+    src = np.asarray(src).astype(leaf.dtype)
+    sharding = getattr(leaf, "sharding", None)
+    return jax.device_put(src, sharding) if sharding is not None else src
+
+  out = jax.tree_util.tree_map_with_path(take, params)
+  return out, loaded, kept

@@ -194,6 +194,8 @@ def _check_args(a, policies, selection_modes):
     raise Refusal(f"--clips={a.clips}: must be >= 1")
   if a.steps is not None and a.steps < 1:
     raise Refusal(f"--steps={a.steps}: must be >= 1 (Euler steps per chunk)")
+  if a.adapter is not None and not pathlib.Path(a.adapter).is_dir():
+    raise Refusal(f"--adapter={a.adapter!r}: no such directory (a distillation workdir or its adapter/)")
   if a.frames is not None and a.frames < 2:
     raise Refusal(f"--frames={a.frames}: must be 1 + k * chunk_size with k >= 1")
   if not 0 <= a.seed <= MAX_SEED:
@@ -287,7 +289,9 @@ def _main(argv):
   p.add_argument("--probe", action="store_true", help="co-visible attention share (loops)")
   p.add_argument("--figures", action="store_true")
   p.add_argument("--frames", type=int, help="latent frames per clip (default: the training config's)")
-  p.add_argument("--steps", type=int, help="Euler steps per chunk, >= 1 (default: the checkpoint's)")
+  p.add_argument("--steps", type=int, help="Euler steps per chunk, >= 1 (default: the checkpoint's, or the adapter's)")
+  p.add_argument("--adapter", help="a distilled LoRA adapter (distillation workdir or its adapter/), merged into the "
+                                   "model; its few-step settings become the defaults")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default=None, help="output prefix (default: <workdir>/loop_closure/<family>_step<k>_<n>)")
   p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -299,6 +303,15 @@ def _main(argv):
     config, model, variables, step = load_model(a.checkpoint)
   except (FileNotFoundError, ValueError) as e:
     raise Refusal(e) from None
+  lora_tag = ""
+  if a.adapter is not None:  # merged once; config.sample takes the adapter's steps and shift
+    from jaxwm.distill.student import adapter_tag, apply_adapter  # pylint: disable=g-import-not-at-top
+    try:
+      variables, note = apply_adapter(config, variables, a.adapter)
+    except (FileNotFoundError, ValueError) as e:
+      raise Refusal(f"--adapter={a.adapter!r}: {e}") from None
+    print(f"loop_closure: {note}")
+    lora_tag = f"_{adapter_tag(a.adapter)}"
   if (a.selection or a.top_k) and not model.cfg.attention.sparse:
     raise Refusal("--selection/--top-k need a frame-sparse model (model.attention.sparsity != dense)")
   chunk, d = config.recipe.chunk_size, config.data
@@ -312,7 +325,7 @@ def _main(argv):
     except (TypeError, ValueError) as e:
       raise Refusal(f"--memory-kwargs for {mem!r}: {e}") from None
   if a.out is None:
-    base = run_dir(a.checkpoint) / "loop_closure" / f"{a.family}_step{step}"
+    base = run_dir(a.checkpoint) / "loop_closure" / f"{a.family}_step{step}{lora_tag}"
     n = 0
     while any(q.exists() for q in _outputs(pathlib.Path(f"{base}_{n}"))):
       n += 1
@@ -347,7 +360,8 @@ def _main(argv):
     results[name] = rows
   cols = LOOP_COLS if a.family == "loops" else PALINDROME_COLS
   all_rows = [r for rows in results.values() for r in rows]
-  md = [f"# Loop closure ({a.family}): {a.checkpoint} (step {step})", "",
+  md = [f"# Loop closure ({a.family}): {a.checkpoint} (step {step})"
+        + (f" + adapter {a.adapter} ({config.sample.num_steps} steps)" if a.adapter else ""), "",
         "Mean ± 95% interval over clips." + (" covis_mass: share of the return frame's history attention on "
                                              "co-visible keys; covis_chance: that share under uniform attention."
                                              if a.probe else ""), "", table(all_rows, "setting", cols)]
@@ -360,7 +374,8 @@ def _main(argv):
     for path in figures(str(out), results, a.family):
       md += ["", f"![{pathlib.Path(path).stem}]({pathlib.Path(path).name})"]
   md = "\n".join(md) + "\n"
-  write_json(out.with_suffix(".json"), {"step": int(step), "family": a.family, "settings": results})
+  write_json(out.with_suffix(".json"), {"step": int(step), "family": a.family, "adapter": a.adapter,
+                                        "settings": results})
   write_text(out.with_suffix(".md"), md)
   print(md)
   print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")

@@ -419,6 +419,8 @@ def _init_from(trainer, state, path):
   fresh optimizer state and step, parameters (EMA if kept) of ``path``'s latest checkpoint, restored alone
   (params-only, :func:`jaxwm.sampling.load.restore_params`) into this run's parameter shardings."""
   from jaxwm.sampling.load import restore_params  # pylint: disable=g-import-not-at-top
+  if _is_wan_weights(path):
+    return _init_from_wan(trainer, state, path)
   target = ckpt_lib.abstract_with_shardings(trainer.abstract_state.params, trainer.state_shardings.params)
   try:
     params, src_step, _ = restore_params(path, target)
@@ -429,6 +431,27 @@ def _init_from(trainer, state, path):
     raise RunRefusedError(f"train.init_from={path!r}: {' '.join(str(e).split())}") from None
   _say(f"initialised parameters from {path} (step {src_step})")
   ema = jax.tree_util.tree_map(jnp.copy, params) if state.ema else state.ema  # own buffers (donation)
+  return state.replace(params=params, ema=ema)
+
+
+def _is_wan_weights(path):
+  """A ``.safetensors`` file, or a directory of them without jaxwm checkpoints: released Wan weights."""
+  p = pathlib.Path(path)
+  return (p.is_file() and p.suffix == ".safetensors") or (p.is_dir() and any(p.glob("*.safetensors")) and not (
+      p / "checkpoints").exists())
+
+
+def _init_from_wan(trainer, state, path):
+  """Fine-tuning's start: the released Wan transformer's weights for every backbone parameter (straight into
+  this run's shardings), this model's own initialisation for what it adds (camera path, memory)."""
+  from jaxwm.convert.wan import pretrained_params  # pylint: disable=g-import-not-at-top
+  try:
+    params, loaded, kept = pretrained_params(path, trainer.model_cfg, state.params)
+  except (KeyError, ValueError, FileNotFoundError) as e:
+    raise RunRefusedError(f"train.init_from={path!r}: {' '.join(str(e).split())}") from None
+  _say(f"initialised {len(loaded)} parameter arrays from the Wan weights at {path}; {len(kept)} added by this model "
+       f"keep their initialisation" + (f" ({', '.join(kept[:4])}{', ...' if len(kept) > 4 else ''})" if kept else ""))
+  ema = jax.tree_util.tree_map(jnp.copy, params) if state.ema else state.ema
   return state.replace(params=params, ema=ema)
 
 

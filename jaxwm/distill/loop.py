@@ -1,0 +1,410 @@
+"""The distillation run behind ``train.py --config configs/distill.py --config.distill.teacher=<workdir>``: a
+few-step student LoRA ``G`` and a critic LoRA ``F`` over the frozen teacher (:mod:`jaxwm.distill.dmd`).
+
+It keeps :func:`jaxwm.training.loop.run`'s guarantees, reusing that module's helpers: the workdir lock
+(:func:`jaxwm.training.loop._lock_workdir`), the mesh, parameter shardings, batches and data loader of a
+:class:`jaxwm.training.loop.Trainer` of the same config, atomic checkpoints (:class:`jaxwm.checkpoint.Checkpointer`)
+of ``{G, F, both optimizer states, step}`` with the data iterator and the config, exact resume, a stop on a
+non-finite loss before it can reach a checkpoint, a progress bar and TensorBoard/JSONL scalars rewound on
+resume (:class:`jaxwm.training.loop._Writers`).
+
+The teacher is restored params-only (:func:`jaxwm.sampling.load.restore_params`, its EMA when kept) from
+``distill.teacher``; the step restored is recorded in the run's saved config (``distill.teacher_step``) and
+a resume restores that same step. A teacher whose model differs from the config's is refused in one line.
+At every checkpoint the student adapter is also saved on its own, ``<workdir>/adapter/<step>``
+(:func:`jaxwm.lora.save_adapter`, with the few-step sampling settings in ``extra``), for
+``sample.py --adapter <workdir>/adapter``.
+
+Inputs are only first frames and camera trajectories (and text embeddings for text models) of the training
+clips (:func:`jaxwm.training.data.make_loader`); no video target is used.
+
+Iteration ``s`` (from 0) updates the generator when ``s % distill.critic_updates == 0`` and the critic always
+(:class:`Distiller`). ``metrics.jsonl`` / TensorBoard, every ``train.log_every`` iterations: the critic's
+``critic_loss``, ``critic_grad_norm``, ``critic_norm`` (norm of F's ``b`` factors) of that iteration; the means
+over the generator updates since the previous line of ``dmd_loss``, ``gen_grad_norm``, ``score_gap``
+(``mean |v_fake - v_real|``: zero while the critic is still the teacher) and ``dmd_norm``, with ``gen_norm`` and
+``generator_updates``; ``steps_per_s``. (A resume replays the same lines when ``train.ckpt_every`` is a multiple
+of ``train.log_every``.)
+"""
+
+import copy
+import math
+import pathlib
+import shutil
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from tqdm import tqdm
+
+import flax.linen as nn
+
+from jaxwm import checkpoint as ckpt_lib
+from jaxwm import lora
+from jaxwm.config_checks import ConfigError
+from jaxwm.distill import dmd
+from jaxwm.training import data as data_lib
+from jaxwm.training.layout import teacher_forcing_layout
+from jaxwm.training.loop import (NonFiniteLossError, ResumeConfigError, RunRefusedError, Trainer, _lock_workdir,
+                                 _say, _Writers, maybe_initialize_distributed, resume_config_differences)
+
+ADAPTER_DIR = "adapter"
+# distill.* keys that shape the state (a resume with other values is refused); the rest is logged.
+_STATE_KEYS = ("distill.rank", "distill.alpha")
+_TEACHER_KEYS = ("data.image_size", "data.latent_stride")  # with model.*: a teacher of another model is refused
+
+
+# Jitted updates shared by every run of the same model, settings and mesh (as the streaming sampler's programs).
+_PROGRAMS = {}
+
+
+class DistillConfigError(RunRefusedError, ValueError):
+  """A ``distill.*`` value is refused (one line: ``<key>=<value>: <allowed>``)."""
+
+
+def _get(config, key):
+  node = config
+  for part in key.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      raise ConfigError(key, "<missing>", "the config has no such key (start from configs/distill.py)")
+    node = node[part]
+  return node
+
+
+def _number(config, key, kind=float, lo=None, hi=None, lo_open=False, allowed=None):
+  v = _get(config, key)
+  ok = not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else int)
+  ok = ok and math.isfinite(v)
+  ok = ok and (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or v <= hi)
+  if not ok:
+    rng = f"{'>' if lo_open else '>='} {lo}" if lo is not None else ""
+    rng += (" and " if rng and hi is not None else "") + (f"<= {hi}" if hi is not None else "")
+    raise ConfigError(key, v, allowed or f"must be {'an integer' if kind is int else 'a number'} {rng}".strip())
+  return v
+
+
+def check_distill(config):
+  """Checks the ``distill`` block (and that the model can be distilled as asked); raises
+  :class:`DistillConfigError` (one line)."""
+  try:
+    d = _get(config, "distill")
+    teacher = _get(config, "distill.teacher")
+    if not isinstance(teacher, str) or not teacher:
+      raise ConfigError("distill.teacher", teacher, "pass the teacher's training workdir: "
+                        "--config.distill.teacher=<workdir> (its newest intact checkpoint is the frozen teacher)")
+    if not pathlib.Path(teacher).expanduser().is_dir():
+      raise ConfigError("distill.teacher", teacher, "no such directory (the teacher's training workdir)")
+    _number(config, "distill.teacher_step", int, lo=-1, allowed="must be a checkpoint step >= 0, or -1 for the newest")
+    _number(config, "distill.rank", int, lo=1)
+    _number(config, "distill.alpha", float, lo=0, lo_open=True)
+    _number(config, "distill.student_steps", int, lo=1)
+    _number(config, "distill.shift", float, lo=0, lo_open=True)
+    g = _number(config, "distill.guidance", float, lo=1.0, allowed="must be a number >= 1 (1: no guidance)")
+    if g != 1.0 and not config.model.get("cross_attn", False):
+      raise ConfigError("distill.guidance", g, "must be 1 for a model without text (model.cross_attn is off: "
+                        "there is no condition for classifier-free guidance to drop)")
+    _number(config, "distill.critic_updates", int, lo=1, allowed="must be an integer >= 1 (critic updates per "
+            "generator update; DMD2: 5)")
+    for key in ("distill.lr_generator", "distill.lr_critic"):
+      _number(config, key, float, lo=0, lo_open=True)
+    _number(config, "distill.b1", float, lo=0, hi=0.999999)
+    _number(config, "distill.b2", float, lo=0, hi=0.999999)
+    _number(config, "distill.grad_clip", float, lo=0, allowed="must be >= 0 (0: no clipping)")
+    _number(config, "distill.num_steps", int, lo=1)
+    t_min = _number(config, "distill.t_min", float, lo=0, hi=1)
+    _number(config, "distill.t_max", float, lo=t_min, hi=1, lo_open=True,
+            allowed=f"must be in (distill.t_min={t_min}, 1]")
+    _number(config, "distill.timestep_shift", float, lo=0, lo_open=True)
+    if d.get("exit") not in dmd.EXITS:
+      raise ConfigError("distill.exit", d.get("exit"), f"must be one of {list(dmd.EXITS)}")
+    if not isinstance(d.get("use_ema"), bool):
+      raise ConfigError("distill.use_ema", d.get("use_ema"), "must be true or false")
+  except ConfigError as e:
+    raise DistillConfigError(str(e)) from None
+
+
+def settings_of(config):
+  """The :class:`jaxwm.distill.dmd.DistillSettings` of a config."""
+  d = config.distill
+  return dmd.DistillSettings(student_steps=int(d.student_steps), shift=float(d.shift), guidance=float(d.guidance),
+                             t_min=float(d.t_min), t_max=float(d.t_max), timestep_shift=float(d.timestep_shift),
+                             exit=d.exit, latent_stride=int(config.data.latent_stride))
+
+
+def spec_of(config):
+  """The :class:`jaxwm.lora.LoraSpec` of ``G`` and ``F`` (default targets: attention and FFN, never the camera path)."""
+  return lora.LoraSpec(rank=int(config.distill.rank), alpha=float(config.distill.alpha))
+
+
+class Distiller:
+  """What a distillation run needs, built from a config: the :class:`Trainer` of the same config (model, mesh,
+  shardings, batches, loader), the LoRA spec, optimizers, the state's shardings (``G``, ``F`` and their optimizer
+  states replicated; the frozen base in the training parameter shardings) and the jitted updates, shared by every
+  ``Distiller`` of the same model, settings and mesh (compiled once per process)."""
+
+  def __init__(self, config, workdir, mesh=None):
+    self.config = config
+    self.trainer = tr = Trainer(config, workdir, mesh)
+    self.model, self.mesh = tr.model, tr.mesh
+    # Teacher and critic score the student's chunks against its clean frames (as streaming reads its cache), in the
+    # teacher-forcing layout whatever recipe.layout trained the teacher.
+    self.layout = teacher_forcing_layout(config.data.num_frames, config.recipe.chunk_size)
+    self.spec, self.settings = spec_of(config), settings_of(config)
+    d = config.distill
+    self.tx_gen = dmd.make_optimizer(d.lr_generator, d.b1, d.b2, grad_clip=d.grad_clip)
+    self.tx_critic = dmd.make_optimizer(d.lr_critic, d.b1, d.b2, grad_clip=d.grad_clip)
+    self.abstract_base = tr.abstract_state.params
+    self.base_shardings = tr.state_shardings.params
+    self.base_target = ckpt_lib.abstract_with_shardings(self.abstract_base, self.base_shardings)
+    init = lambda key, base: dmd.init_state(key, base, self.spec, self.tx_gen, self.tx_critic)  # pylint: disable=unnecessary-lambda-assignment
+    self.abstract_state = jax.eval_shape(init, jax.random.key(0), self.abstract_base)
+    rep = NamedSharding(self.mesh, P())
+    self.state_shardings = jax.tree_util.tree_map(lambda _: rep, self.abstract_state)
+    self._init = jax.jit(init, in_shardings=(None, self.base_shardings), out_shardings=self.state_shardings)
+    null_context = None
+    if self.model.cfg.cross_attn and self.settings.guidance != 1.0:
+      null_context = jnp.asarray(data_lib.make_source(config.data).null_text(), jnp.float32)
+    self.step_fn = dmd.DistillStep(self.model, self.layout, self.spec, self.settings, self.tx_gen, self.tx_critic,
+                                   null_context)
+    batch_sh = tr.batch_shardings
+    key = (self.model.cfg, int(config.data.num_frames), int(config.recipe.chunk_size), self.spec, self.settings,
+           tuple(float(d[k]) for k in ("lr_generator", "lr_critic", "b1", "b2", "grad_clip")), self.mesh,
+           tr.rules,
+           tuple(sorted((k, v.spec) for k, v in batch_sh.items())))
+    if null_context is not None:  # the empty prompt's embedding is a constant of the program
+      key += (id(null_context),)
+    if key not in _PROGRAMS:
+      _PROGRAMS[key] = self._compile(tr.rules, batch_sh)
+    self._programs = _PROGRAMS[key]
+
+  def generator_update(self, state, base, batch, key):
+    """One generator update (jitted, on the mesh; donates ``state``): ``(state, metrics)``."""
+    with jax.set_mesh(self.mesh):
+      return self._programs[0](state, base, batch, key)
+
+  def critic_update(self, state, base, batch, key):
+    """One critic update, advancing ``state.step`` (jitted, on the mesh; donates ``state``): ``(state, metrics)``."""
+    with jax.set_mesh(self.mesh):
+      return self._programs[1](state, base, batch, key)
+
+  def _compile(self, rules, batch_sh):
+    """``(generator_update, critic_update)`` jitted on the mesh: ``(state, base, batch, key) -> (state, metrics)``
+    with the keys of :class:`jaxwm.distill.dmd.DistillStep` (``fold_in(fold_in(key, step), 0 | 1)``); the critic
+    update advances ``state.step``. Together, in that order, they are one ``DistillStep(..., train_generator=True)``."""
+    fn = self.step_fn
+
+    def gen(state, base, batch, key):
+      with nn.logical_axis_rules(rules):
+        return fn.generator_update(state, base, batch, jax.random.fold_in(jax.random.fold_in(key, state.step), 0))
+
+    def critic(state, base, batch, key):
+      with nn.logical_axis_rules(rules):
+        state, metrics = fn.critic_update(state, base, batch,
+                                          jax.random.fold_in(jax.random.fold_in(key, state.step), 1))
+      return state.replace(step=state.step + 1), metrics
+
+    jit = lambda f: jax.jit(f, in_shardings=(self.state_shardings, self.base_shardings, batch_sh, None),  # pylint: disable=unnecessary-lambda-assignment
+                            out_shardings=(self.state_shardings, None), donate_argnums=(0,))
+    return jit(gen), jit(critic)
+
+  def init_state(self, base):
+    with jax.set_mesh(self.mesh):
+      return self._init(jax.random.key(self.config.seed), base)
+
+  def put_batch(self, host):
+    """A loader batch -> device arrays: the first frame of ``frames``/``latents`` (the rest is not used), cameras,
+    text embeddings."""
+    key = "latents" if "latents" in host else "frames"
+    return self.trainer.put_batch({**host, key: np.asarray(host[key])[:, :1]})
+
+  def iteration(self, state, base, batch, key, step):
+    """Iteration ``step`` (``== state.step``): a generator update when ``step % distill.critic_updates == 0``,
+    then a critic update. Returns ``(state, metrics, generator updated)``."""
+    gen = step % int(self.config.distill.critic_updates) == 0
+    metrics = {}
+    if gen:
+      state, metrics = self.generator_update(state, base, batch, key)
+    state, m = self.critic_update(state, base, batch, key)
+    return state, {**metrics, **m}, gen
+
+  def restore_target(self):
+    return ckpt_lib.abstract_with_shardings(self.abstract_state, self.state_shardings)
+
+
+def load_teacher(config, target, step=None):
+  """``(params, step)``: the teacher's parameters (EMA when kept and ``distill.use_ema``) restored alone into
+  ``target``'s shardings; refuses (:class:`RunRefusedError`, one line) a missing/damaged teacher or one of
+  another model."""
+  from jaxwm.sampling.load import load_config, restore_params  # pylint: disable=g-import-not-at-top
+  path = str(pathlib.Path(config.distill.teacher).expanduser())
+  where = f"distill.teacher={config.distill.teacher!r}"
+  try:
+    step = None if step is None or step < 0 else int(step)
+    saved = load_config(path, step)
+    refused, _ = resume_config_differences(saved.to_dict(), config)
+    refused = [r for r in refused if r[0].startswith("model.") or r[0] in _TEACHER_KEYS]
+    if refused:
+      diffs = "; ".join(f"{k}: {va!r} (teacher) != {vb!r}" for k, va, vb in refused)
+      raise RunRefusedError(f"{where}: the teacher is another model: {diffs}. Distill with the teacher's config "
+                            "(configs/distill.py:<its config>) or its values")
+    params, src_step, field = restore_params(path, target, step, use_ema=config.distill.use_ema)
+  except RunRefusedError:
+    raise
+  except (FileNotFoundError, ValueError) as e:
+    raise RunRefusedError(f"{where}: {' '.join(str(e).split())}") from None
+  _say(f"teacher: {path} step {src_step} ({field})")
+  return params, src_step
+
+
+def _check_resume(ckpt, step, config, resolved):
+  """Refuses a resume of ``step`` with another model, LoRA shape or teacher step (one line); says changed
+  settings; fills ``resolved["teacher_step"]`` from the checkpoint's config."""
+  try:
+    saved = ckpt.restore_config(step)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ResumeConfigError(f"checkpoint step {step} in {ckpt.directory} has no readable config "
+                            f"({type(e).__name__}): cannot tell which teacher step it distils") from None
+  refused, logged = resume_config_differences(saved, config)
+  flat_saved, flat_now = _flat(saved.get("distill", {}), "distill."), _flat(config.distill.to_dict(), "distill.")
+  for key in _STATE_KEYS:
+    if flat_saved.get(key) != flat_now.get(key):
+      refused.append((key, flat_saved.get(key), flat_now.get(key)))
+  teacher_step = flat_saved.get("distill.teacher_step", -1)
+  if flat_now["distill.teacher_step"] not in (-1, teacher_step):
+    refused.append(("distill.teacher_step", teacher_step, flat_now["distill.teacher_step"]))
+  if refused:
+    diffs = "; ".join(f"{k}: {va!r} (checkpoint) != {vb!r}" for k, va, vb in refused)
+    raise ResumeConfigError(f"cannot resume {ckpt.directory} step {step} with other settings: {diffs}. Resume with "
+                            "the checkpoint's values, or distill in a new --workdir")
+  skip = set(_STATE_KEYS) | {"distill.teacher_step"}
+  for k in sorted(set(flat_saved) | set(flat_now)):
+    if k not in skip and flat_saved.get(k) != flat_now.get(k):
+      logged.append((k, flat_saved.get(k), flat_now.get(k)))
+  for k, va, vb in logged:
+    _say(f"config changed since checkpoint step {step}: {k}: {va!r} -> {vb!r}")
+  resolved["teacher_step"] = int(teacher_step)
+
+
+def _flat(d, prefix=""):
+  out = {}
+  for k, v in (d.items() if hasattr(d, "items") else []):
+    if hasattr(v, "items"):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+  return out
+
+
+def _drop_adapters_after(directory, step):
+  """Removes adapter steps newer than ``step`` (a resume replays them, bit for bit; Orbax refuses to save a step
+  that exists)."""
+  later = [s for s in ckpt_lib.step_dirs(directory) if s > step]
+  if later and jax.process_index() == 0:
+    for s in sorted(later):
+      shutil.rmtree(ckpt_lib.step_dirs(directory)[s])
+    _say(f"removed adapter step(s) {sorted(later)} in {directory}: newer than the restored checkpoint (replayed)")
+
+
+def run(config, workdir, mesh=None, progress=True):
+  """Distils (or resumes) until ``config.distill.num_steps`` iterations; returns ``(state, history)``.
+
+  ``history``: the critic loss of every iteration of this call. Raises :class:`DistillConfigError` for a
+  refused ``distill`` value before anything is created, :class:`jaxwm.training.loop.WorkdirLockedError` for a
+  workdir in use, :class:`RunRefusedError` for a missing teacher or a teacher of another model,
+  :class:`jaxwm.training.loop.ResumeConfigError` for a resume with another model, LoRA rank/alpha or teacher
+  step, :class:`jaxwm.training.loop.NonFiniteLossError` on a non-finite loss or gradient (that state is never
+  checkpointed). A refused run in a workdir it created removes that workdir again.
+  """
+  check_distill(config)
+  maybe_initialize_distributed(config)
+  workdir = pathlib.Path(workdir).absolute()
+  fresh = not workdir.exists()
+  workdir.mkdir(parents=True, exist_ok=True)
+  lock = _lock_workdir(workdir)
+  try:
+    return _run(config, workdir, mesh, progress)
+  except RunRefusedError:
+    if fresh and jax.process_index() == 0:
+      lock.release()
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
+  finally:
+    lock.release()
+
+
+def _run(config, workdir, mesh, progress):
+  dist = Distiller(config, workdir, mesh)
+  tr, d, tc = dist.trainer, config.distill, config.train
+  num_steps = int(d.num_steps)
+  n_lora = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(dist.abstract_state.generator))
+  _say(f"distilling: {n_lora / 1e6:.3f}M LoRA values per adapter (rank {d.rank}); {d.student_steps} student steps "
+       f"(exit {d.exit}); guidance {d.guidance}; {d.critic_updates} critic updates per generator update; mesh "
+       f"{dict(dist.mesh.shape)}; workdir {workdir}")
+  loader = tr.make_loader()
+  data_iter = iter(loader)
+  ckpt = tr.checkpointer()
+  writers = bar = None
+  try:
+    resolved = {"teacher_step": int(d.teacher_step)}
+    if ckpt.all_steps():
+      try:
+        state, start = ckpt.restore(dist.restore_target(), data_iter,
+                                    check=lambda s: _check_resume(ckpt, s, config, resolved))
+      except ckpt_lib.DamagedCheckpointError as e:
+        raise RunRefusedError(str(e)) from None
+      base, _ = load_teacher(config, dist.base_target, resolved["teacher_step"])
+      _say(f"resumed from step {start} in {ckpt.directory}")
+    else:
+      base, resolved["teacher_step"] = load_teacher(config, dist.base_target, resolved["teacher_step"])
+      state, start = dist.init_state(base), 0
+    saved_config = copy.deepcopy(config)
+    saved_config.distill.teacher_step = resolved["teacher_step"]
+    adapter_dir = workdir / ADAPTER_DIR
+    _drop_adapters_after(adapter_dir, start)
+    extra = {**dist.settings.adapter_extra(), "teacher": str(d.teacher), "teacher_step": resolved["teacher_step"]}
+    base_key = jax.random.key(config.seed + 1)
+    writers = _Writers(workdir, start)
+    history, window = [], []
+    bar = tqdm(total=num_steps, initial=start, disable=not progress or jax.process_index() != 0, desc="distill",
+               dynamic_ncols=True)
+    t_last, steps_since = time.perf_counter(), 0
+    for step in range(start, num_steps):
+      batch = dist.put_batch(next(data_iter))
+      state, metrics, gen = dist.iteration(state, base, batch, base_key, step)
+      m = {k: float(v) for k, v in metrics.items()}
+      if not all(map(math.isfinite, m.values())):
+        bad = ", ".join(f"{k} {v}" for k, v in m.items() if not math.isfinite(v))
+        raise NonFiniteLossError(
+            f"non-finite distillation state at step {step + 1} ({bad}): distillation stopped and this state was not "
+            f"checkpointed (latest checkpoint: step {ckpt.latest_step()}); lower distill.lr_generator / "
+            "distill.lr_critic")
+      history.append(m["critic_loss"])
+      window.append(m)
+      steps_since += 1
+      bar.update(1)
+      done = step + 1
+      if done % tc.log_every == 0 or done == num_steps:
+        dt = time.perf_counter() - t_last
+        scalars = {k: m[k] for k in ("critic_loss", "critic_grad_norm", "critic_norm")}
+        gens = [w for w in window if "dmd_loss" in w]
+        if gens:  # the generator updates since the last line (means)
+          for k in ("dmd_loss", "gen_grad_norm", "score_gap", "dmd_norm"):
+            scalars[k] = float(np.mean([w[k] for w in gens]))
+          scalars["gen_norm"] = gens[-1]["gen_norm"]
+        scalars.update(generator_updates=len(gens), steps_per_s=steps_since / max(dt, 1e-9))
+        writers.write(done, scalars)
+        bar.set_postfix(critic=f"{m['critic_loss']:.4f}",
+                        **({"dmd": f"{scalars['dmd_loss']:.2e}", "gap": f"{scalars['score_gap']:.3f}"} if gens else {}))
+        t_last, steps_since, window = time.perf_counter(), 0, []
+      if done % tc.ckpt_every == 0 or done == num_steps:
+        ckpt.save(done, state, data_iter, saved_config)
+        lora.save_adapter(adapter_dir, state.generator, dist.spec, base, step=done, keep=tc.keep, extra=extra)
+  finally:
+    if bar is not None:
+      bar.close()
+    if writers is not None:
+      writers.close()
+    ckpt.close()
+  return state, history

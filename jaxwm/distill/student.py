@@ -1,0 +1,57 @@
+"""Sampling with a distilled adapter: ``sample.py --adapter <path>`` and the loop-closure benchmark's
+``--adapter``. The adapter is merged into the base once (:func:`jaxwm.lora.merge`: ``W' = W + (alpha/r) A B``,
+no per-step cost), and its few-step sampling settings (saved in its ``extra`` by :mod:`jaxwm.distill.loop`)
+become the defaults of ``config.sample``, so the unchanged streaming sampler runs what was distilled.
+"""
+
+import pathlib
+
+from jaxwm import lora
+
+
+def adapter_path(path):
+  """A distillation workdir (with ``adapter/``), an adapter directory, or one step's directory -> the path
+  :func:`jaxwm.lora.load_adapter` reads."""
+  p = pathlib.Path(path).expanduser()
+  return p / "adapter" if (p / "adapter").is_dir() else p
+
+
+def adapter_tag(path):
+  """A short name for output files: the distillation workdir's name (``runs/tiny_distill/adapter/600`` ->
+  ``tiny_distill``)."""
+  p = pathlib.Path(path).expanduser().absolute()
+  if p.name.isdigit():
+    p = p.parent
+  if p.name == "adapter":
+    p = p.parent
+  return p.name or "adapter"
+
+
+def apply_adapter(config, variables, path):
+  """Merges the adapter at ``path`` into ``variables`` and sets ``config.sample.num_steps`` / ``shift`` /
+  ``guidance`` to the adapter's (when it records them: a distilled adapter samples at guidance 1).
+
+  Args:
+    config: the base checkpoint's ``ConfigDict`` (``sample`` is updated in place).
+    variables: ``{"params": ...}`` of the base model (as :func:`jaxwm.sampling.load.load_model` returns).
+    path: see :func:`adapter_path`.
+
+  Returns:
+    ``(variables, note)``: the merged ``{"params": ...}`` and a one-line description. Raises
+    ``FileNotFoundError`` (no adapter) or :class:`jaxwm.lora.AdapterMismatchError` (another model's adapter),
+    both ``ValueError``/``OSError`` subclasses whose message is one line.
+  """
+  path = adapter_path(path)
+  params = variables["params"]
+  adapter, spec = lora.load_adapter(path, params)
+  meta = lora.adapter_metadata(path)
+  extra = meta.get("extra") or {}
+  if "num_steps" in extra:
+    config.sample.num_steps = int(extra["num_steps"])
+  if "shift" in extra:
+    config.sample.shift = float(extra["shift"])
+  if "guidance" in extra and "guidance" in config.sample:  # a distilled student folds the teacher's guidance in
+    config.sample.guidance = float(extra["guidance"])
+  note = (f"adapter {path}: rank {spec.rank}, {meta.get('param_count', 0) / 1e6:.3f}M values, merged; "
+          f"{config.sample.num_steps} steps, shift {config.sample.shift:g}")
+  return {**variables, "params": lora.merge(params, adapter, spec)}, note

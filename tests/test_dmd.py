@@ -1,0 +1,232 @@
+"""Distribution-matching distillation into a LoRA (jaxwm.distill): the DMD gradient on Gaussians with known
+scores, the self-forcing rollout equals the streaming sampler at init, each update touches only its own
+adapter, and a distillation run resumes exactly."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import random_intrinsics, random_poses, tiny_config
+
+from jaxwm import checkpoint as ckpt_lib
+from jaxwm import lora
+from jaxwm.diffusion import flow
+from jaxwm.distill import dmd
+from jaxwm.models.conditioning import Cameras
+from jaxwm.models.init import init_params
+from jaxwm.sampling.streaming import StreamingSampler
+from jaxwm.training import sharding
+
+F, CHUNK, B = 5, 2, 2  # 1 + 2 chunks of 2 latent frames of 16x16 frames (4x4x48 latents)
+SPEC = lora.LoraSpec(rank=4, alpha=4.0)
+CAMERA_PATH = ("plucker_in", "plucker_out", "mrope")
+
+
+def _config(**overrides):
+  from configs import distill  # pylint: disable=g-import-not-at-top
+  c = tiny_config(**{"model.camera.encoding": "mrope", "model.camera.plucker": True, "data.batch_size": B,
+                     "train.num_steps": 4, "train.ckpt_every": 2, "train.keep": 5, "seed": 3})
+  c.distill = distill.get_config().distill
+  c.distill.update(rank=SPEC.rank, alpha=SPEC.alpha, student_steps=2, critic_updates=2, lr_generator=1e-2,
+                   lr_critic=1e-2, num_steps=4)
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (a) the DMD gradient on Gaussians
+
+
+def _gaussian(x_t, t, m, s):
+  """Exact velocity and score of data ``N(m, s^2)`` (per coordinate) noised to ``x_t = (1-t) x0 + t eps``."""
+  t = t[:, None]
+  var = (1 - t) ** 2 * s**2 + t**2
+  x0 = m + (1 - t) * s**2 / var * (x_t - (1 - t) * m)
+  return (x_t - x0) / t, -(x_t - (1 - t) * m) / var
+
+
+def test_dmd_gradient_is_the_kl_direction_and_moves_the_student_to_the_teacher():
+  mu_r, s_r, dims, n = 2.0, 0.5, 8, 256
+  key = jax.random.key(0)
+  # The DMD gradient is a positive multiple of the exact KL gradient (1 - t)(s_fake - s_real) for every sample.
+  x0 = -1.0 + 2.0 * jax.random.normal(key, (n, dims))
+  t = jax.random.uniform(jax.random.key(1), (n,), minval=0.02, maxval=0.98)
+  x_t = (1 - t[:, None]) * x0 + t[:, None] * jax.random.normal(jax.random.key(2), (n, dims))
+  (v_real, s_real), (v_fake, s_fake) = _gaussian(x_t, t, mu_r, s_r), _gaussian(x_t, t, -1.0, 2.0)
+  grad, norm = dmd.distribution_matching_grad(x0, x_t, v_real, v_fake, t)
+  assert norm.shape == (n, 1)
+  kl = (1 - t[:, None]) * (s_fake - s_real)
+  np.testing.assert_allclose(grad * norm * ((1 - t[:, None]) / t[:, None]) ** 2, kl, rtol=2e-3, atol=2e-4)
+  np.testing.assert_allclose(jax.grad(lambda x: dmd.dmd_loss(x, grad))(x0) * grad.size, grad,  # d loss/d x0
+                             rtol=1e-4, atol=1e-5)
+
+  # Student x0 = mu_g + s_g z; the critic is the exact score of the current student distribution N(mu_g, s_g^2).
+  def loss(theta, key):
+    mu, log_s = theta
+    k1, k2, k3 = jax.random.split(key, 3)
+    x0 = mu + jnp.exp(log_s) * jax.random.normal(k1, (n, dims))
+    t = jax.random.uniform(k2, (n,), minval=0.02, maxval=0.98)
+    x_t = (1 - t[:, None]) * jax.lax.stop_gradient(x0) + t[:, None] * jax.random.normal(k3, (n, dims))
+    v_real = _gaussian(x_t, t, mu_r, s_r)[0]
+    v_fake = _gaussian(x_t, t, jax.lax.stop_gradient(mu), jax.lax.stop_gradient(jnp.exp(log_s)))[0]
+    return dmd.dmd_loss(x0, dmd.distribution_matching_grad(x0, x_t, v_real, v_fake, t)[0])
+
+  grad_fn = jax.jit(jax.grad(loss))
+  theta = jnp.array([-1.0, np.log(2.0)])
+  path = [theta]
+  for i in range(30):
+    theta = theta - 0.1 * dims * grad_fn(theta, jax.random.key(10 + i))
+    path.append(theta)
+  mus, sigmas = np.array([p[0] for p in path]), np.exp(np.array([p[1] for p in path]))
+  assert mus[1] > mus[0] and sigmas[1] < sigmas[0]  # the first step already points at the teacher
+  assert abs(mus[-1] - mu_r) < 0.01 * abs(mus[0] - mu_r), mus
+  assert abs(sigmas[-1] - s_r) < 0.01 * abs(sigmas[0] - s_r), sigmas
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (b), (c) the rollout and the updates
+
+
+@pytest.fixture(scope="module", name="setup")
+def _setup(tmp_path_factory):
+  from jaxwm.distill.loop import Distiller  # pylint: disable=g-import-not-at-top
+  c = _config()
+  # The run loop's jitted updates (shared with the runs of the resume test: compiled once).
+  dist = Distiller(c, tmp_path_factory.mktemp("unused"), mesh=_mesh())
+  model = dist.model
+  base = jax.jit(lambda k: nn.unbox(init_params(model, k, (1, F, 4, 4, 48), 16)))(jax.random.key(0))
+  # A base whose camera path matters: non-zero Plücker output (zero at init).
+  base["plucker_out"] = jax.tree_util.tree_map(lambda a: 0.05 * jax.random.normal(jax.random.key(9), a.shape),
+                                               base["plucker_out"])
+  base = jax.device_put(base, dist.base_shardings)  # as the run loop's restored teacher: one compiled update
+  rng = np.random.default_rng(0)
+  c2w = np.stack([random_poses(rng, F, 0.3) for _ in range(B)])
+  c2w = np.linalg.inv(c2w[:, :1]) @ c2w  # re-anchored on frame 0
+  host = {"frames": rng.integers(0, 256, (B, F, 16, 16, 3)).astype(np.uint8), "c2w": c2w.astype(np.float32),
+          "intrinsics": np.stack([random_intrinsics(rng, F, (16, 16)) for _ in range(B)]).astype(np.float32)}
+  return dict(config=c, dist=dist, model=model, base=base, batch=dist.put_batch(host), settings=dist.settings,
+              state=dist.init_state(base))
+
+
+def _mesh():
+  return sharding.make_mesh(1, 1, jax.devices()[:1])
+
+
+def test_student_rollout_at_init_is_the_base_few_step_sampler_bit_for_bit(setup):
+  model, base, batch, settings = setup["model"], setup["base"], setup["batch"], setup["settings"]
+  first = dmd.first_latents(batch, 4)
+  cams = Cameras(batch["c2w"], batch["intrinsics"])
+  key = jax.random.key(5)
+  sampler = StreamingSampler(model, {"params": base}, batch_size=B, max_frames=F, latent_hw=(4, 4), channels=48,
+                             num_steps=settings.student_steps, shift=settings.shift)
+  want = sampler.rollout(first, F, CHUNK, key, {"c2w": cams.c2w, "intrinsics": cams.intrinsics})
+  roll = jax.jit(lambda p, g, exits: dmd.student_rollout(model, lora.apply_lora(p, g, SPEC), first, cams, key,
+                                                         settings.schedule, CHUNK, F, exit_steps=exits))
+  g0 = setup["state"].generator
+  got = np.asarray(roll(base, g0, jnp.full((2,), settings.student_steps - 1)))
+  np.testing.assert_array_equal(got, want)
+  early = np.asarray(roll(base, g0, jnp.zeros((2,), jnp.int32)))  # one-jump prediction at step 0
+  np.testing.assert_array_equal(early[:, 0], want[:, 0])
+  assert np.abs(early[:, 1:] - want[:, 1:]).max() > 1e-3
+
+
+def test_generator_step_changes_only_g_and_critic_step_only_f(setup):
+  dist, base, batch = setup["dist"], setup["base"], setup["batch"]
+  base_before = jax.tree_util.tree_map(np.array, base)
+  critic = lambda s, k: dist.critic_update(s, base, batch, k)  # pylint: disable=unnecessary-lambda-assignment
+  generator = lambda s, k: dist.generator_update(s, base, batch, k)  # pylint: disable=unnecessary-lambda-assignment
+  leaves = lambda t: [np.asarray(x) for x in jax.tree_util.tree_leaves(t)]  # pylint: disable=unnecessary-lambda-assignment
+  state = dist.init_state(base)  # the updates donate their input state: a fresh one
+  state_before = jax.tree_util.tree_map(np.array, state)
+
+  s1, m1 = critic(state, jax.random.key(1))
+  s1_host = jax.tree_util.tree_map(np.array, s1)
+  assert np.isfinite(float(m1["critic_loss"])) and float(m1["critic_norm"]) > 0 and int(s1.step) == 1
+  for a, b in zip(leaves((s1.generator, s1.gen_opt)), leaves((state_before.generator, state_before.gen_opt))):
+    np.testing.assert_array_equal(a, b)
+  assert all(np.any(b != b0) for (_, b), (_, b0) in zip(lora.factors(s1.critic).values(),
+                                                         lora.factors(state_before.critic).values()))
+  # At init the critic is the teacher (zero DMD gradient); after one critic step the generator gets a gradient.
+  s2, m2 = generator(s1, jax.random.key(2))
+  assert float(m2["gen_grad_norm"]) > 0 and float(m2["score_gap"]) > 0
+  for a, b in zip(leaves((s2.critic, s2.critic_opt, s2.step)), leaves((s1_host.critic, s1_host.critic_opt,
+                                                                       s1_host.step))):
+    np.testing.assert_array_equal(a, b)
+  changed = [p for p, (_, b) in lora.factors(s2.generator).items() if np.any(np.asarray(b) != 0)]
+  assert changed == sorted(lora.factors(s2.generator))
+  # The base is untouched; the merged student differs from it on LoRA targets only, never on the camera path.
+  for a, b in zip(leaves(base), leaves(base_before)):
+    np.testing.assert_array_equal(a, b)
+  merged, flat = lora.flat_paths(lora.merge(base, s2.generator, SPEC)), lora.flat_paths(base_before)
+  differ = sorted(p for p in flat if np.any(np.asarray(merged[p]) != flat[p]))
+  assert differ == lora.lora_targets(base, SPEC)
+  assert not [p for p in differ if any(name in p for name in CAMERA_PATH)]
+  assert [p for p in flat if "plucker_out" in p] and [p for p in flat if "mrope" in p]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (d) the run loop: exact resume, the adapter, refusals
+
+
+@pytest.fixture(scope="module", name="teacher")
+def _teacher(tmp_path_factory):
+  """A teacher workdir: a checkpoint of the (initialised) model of :func:`_config`."""
+  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp("teacher")
+  c = _config()
+  del c["distill"]
+  tr = Trainer(c, workdir, mesh=_mesh())
+  state = tr.init_state()
+  ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", async_save=False)
+  ckpt.save(3, state, None, c)
+  ckpt.close()
+  return workdir
+
+
+def _metrics(workdir):
+  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [{k: v for k, v in x.items() if k != "steps_per_s"} for x in lines]
+
+
+def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path):
+  from jaxwm.distill.loop import run  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.loop import ResumeConfigError, RunRefusedError  # pylint: disable=g-import-not-at-top
+  mesh = _mesh()
+  c4 = _config(**{"distill.teacher": str(teacher)})
+  straight, hist_a = run(c4, tmp_path / "a", mesh=mesh, progress=False)
+  run(_config(**{"distill.teacher": str(teacher), "distill.num_steps": 2}), tmp_path / "b", mesh=mesh, progress=False)
+  resumed, hist_b = run(c4, tmp_path / "b", mesh=mesh, progress=False)  # from step 2
+  assert len(hist_a) == 4 and hist_b == hist_a[2:] and all(np.isfinite(hist_a))
+  assert int(resumed.step) == int(straight.step) == 4
+  for a, b in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(straight)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
+  m = _metrics(tmp_path / "a")
+  assert [x["step"] for x in m] == [1, 2, 3, 4] and [x["generator_updates"] for x in m] == [1, 0, 1, 0]
+  assert m[2]["gen_grad_norm"] > 0 and "dmd_loss" not in m[1]
+  # The adapter of every checkpoint, with the few-step settings; it is G.
+  meta = lora.adapter_metadata(tmp_path / "a" / "adapter")
+  assert meta["extra"]["num_steps"] == 2 and meta["extra"]["teacher_step"] == 3
+  np.testing.assert_allclose(meta["extra"]["timesteps"], flow.sampling_schedule(2, c4.distill.shift), rtol=1e-6)
+  assert sorted(ckpt_lib.step_dirs(tmp_path / "a" / "adapter")) == [2, 4]
+  from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
+  base = load_model(teacher)[2]["params"]
+  adapter, spec = lora.load_adapter(tmp_path / "a" / "adapter", base)
+  assert spec == SPEC
+  jax.tree_util.tree_map(np.testing.assert_array_equal, adapter, jax.tree_util.tree_map(np.asarray,
+                                                                                        straight.generator))
+  # Refusals: another LoRA rank on resume; a missing teacher (before the workdir is created).
+  with pytest.raises(ResumeConfigError, match="distill.rank: 4 \\(checkpoint\\) != 8"):
+    run(_config(**{"distill.teacher": str(teacher), "distill.rank": 8, "distill.num_steps": 6}), tmp_path / "a",
+        mesh=mesh, progress=False)
+  with pytest.raises(RunRefusedError, match="distill.teacher='': pass the teacher's training workdir"):
+    run(_config(), tmp_path / "c", mesh=mesh, progress=False)
+  assert not (tmp_path / "c").exists()
