@@ -92,8 +92,14 @@ def _wan(kind, source):
   if tiny:
     params = vae.init(jax.random.key(int(source)), jnp.zeros((1, 1, s, s, 3)))
   else:
+    import pathlib  # pylint: disable=g-import-not-at-top
     from jaxwm.convert.wan_vae import load_wan_vae_safetensors  # pylint: disable=g-import-not-at-top
-    params = load_wan_vae_safetensors(source, cfg)
+    path = pathlib.Path(source).expanduser()
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]  # a diffusers vae/ folder, or one file
+    if not files or not all(f.is_file() for f in files):
+      raise ValueError(f"vae weights {source!r}: no such file (a .safetensors or .pth file, or a folder of "
+                       ".safetensors)")
+    params = load_wan_vae_safetensors(files, cfg)
 
   @jax.jit
   def encode(x):
