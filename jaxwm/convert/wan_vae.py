@@ -34,7 +34,8 @@ def _resnet(path, key, in_dim, out_dim):
 
 def _attention(path, key):
   return [((*path, "norm", "scale"), f"{key}.norm.gamma", "gamma2d"),
-          *_conv((*path, "to_qkv"), f"{key}.to_qkv", "pointwise2d"), *_conv((*path, "proj"), f"{key}.proj", "pointwise2d")]
+          *_conv((*path, "to_qkv"), f"{key}.to_qkv", "pointwise2d"),
+          *_conv((*path, "proj"), f"{key}.proj", "pointwise2d")]
 
 
 def _resample(path, key, mode):
@@ -43,8 +44,8 @@ def _resample(path, key, mode):
 
 
 def _mid(path, key):
-  return [*_resnet((*path, "resnets_0"), f"{key}.resnets.0", 1, 1), *_attention((*path, "attentions_0"),
-                                                                                 f"{key}.attentions.0"),
+  return [*_resnet((*path, "resnets_0"), f"{key}.resnets.0", 1, 1),
+          *_attention((*path, "attentions_0"), f"{key}.attentions.0"),
           *_resnet((*path, "resnets_1"), f"{key}.resnets.1", 1, 1)]
 
 
@@ -157,7 +158,8 @@ def jaxwm_to_diffusers(variables, cfg: WanVAEConfig):
 _RESNET_PARTS = [(r"\.residual\.0\.", ".norm1."), (r"\.residual\.2\.", ".conv1."), (r"\.residual\.3\.", ".norm2."),
                  (r"\.residual\.6\.", ".conv2."), (r"\.shortcut\.", ".conv_shortcut.")]
 _COMMON = [(r"^conv1\.", "quant_conv."), (r"^conv2\.", "post_quant_conv."),
-           (r"^(encoder|decoder)\.conv1\.", r"\1.conv_in."), (r"^(encoder|decoder)\.middle\.0\.", r"\1.mid_block.resnets.0."),
+           (r"^(encoder|decoder)\.conv1\.", r"\1.conv_in."),
+           (r"^(encoder|decoder)\.middle\.0\.", r"\1.mid_block.resnets.0."),
            (r"^(encoder|decoder)\.middle\.1\.", r"\1.mid_block.attentions.0."),
            (r"^(encoder|decoder)\.middle\.2\.", r"\1.mid_block.resnets.1."),
            (r"^(encoder|decoder)\.head\.0\.", r"\1.norm_out."), (r"^(encoder|decoder)\.head\.2\.", r"\1.conv_out.")]

@@ -1,6 +1,6 @@
 """The Wan video VAEs in Flax Linen: Wan2.1 (8x8 spatial, 4x temporal, 16 channels) and Wan2.2 (16x16 =
 patchify 2 + 8x8, 4x temporal, 48 channels, residual down/up blocks with parameter-free avg-down/dup-up
-shortcuts), numerically equal to diffusers' ``AutoencoderKLWan``.
+shortcuts), equal to diffusers' ``AutoencoderKLWan`` up to float32 rounding.
 
 Layout is channels-last: video ``[B, F, H, W, 3]`` in ``[-1, 1]`` <-> latents ``[B, 1 + (F-1)//4, H/s, W/s, z]``.
 Wan compresses causally: frame 0 alone, then groups of 4 frames per latent frame; every temporal
@@ -9,13 +9,14 @@ convolution is padded with past frames only. So a clip can be decoded (or encode
 whole-clip result::
 
   vae = WanVAE(WanVAEConfig.wan22())
-  step = jax.jit(functools.partial(vae.apply, method=WanVAE.decode_step))
+  step = jax.jit(functools.partial(vae.apply, method=WanVAE.decode_step), donate_argnums=1)
   state = vae.decode_init(batch, h, w)           # h, w: latent size
   for z in latent_chunks:                         # [B, n, h, w, 48]: n = 1, 2, ... (static per compile)
     state, rgb = step(variables, state, z)        # [B, 4n, 16h, 16w, 3] (first chunk: 4n - 3 frames)
 """
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import flax
@@ -264,15 +265,14 @@ class WanVAE(nn.Module):
     return StreamState(layers, True), video
 
   def decode_init(self, batch, height, width):
-    """Zero :class:`StreamState` for :meth:`decode_step` of ``[batch, *, height, width, z_dim]`` latents."""
-    z = jax.ShapeDtypeStruct((batch, 1, height, width, self.cfg.z_dim), self.dtype)
-    return self._zero_state(WanVAE._decode, z)
+    """Zero :class:`StreamState` for :meth:`decode_step` of ``[batch, *, height, width, z_dim]`` latents (the first
+    step only reads its shapes). Allocates the state; ``jax.eval_shape(lambda: vae.decode_init(...))`` does not."""
+    return _zero_state(self.cfg, self.dtype, "_decode", (batch, 1, height, width, self.cfg.z_dim))
 
   def encode_init(self, batch, height, width):
     """Zero :class:`StreamState` for :meth:`encode_step` of ``[batch, *, height, width, 3]`` video."""
     c = self.cfg.in_channels // self.cfg.patch**2
-    x = jax.ShapeDtypeStruct((batch, self.cfg.scale_factor_temporal, height, width, c), self.dtype)
-    return self._zero_state(WanVAE._encode, x)
+    return _zero_state(self.cfg, self.dtype, "_encode", (batch, self.cfg.scale_factor_temporal, height, width, c))
 
   def normalize(self, latents):
     """:func:`normalize` with this VAE's statistics."""
@@ -297,12 +297,19 @@ class WanVAE(nn.Module):
     x, layers = self.decoder(self.post_quant_conv(latents.astype(self.dtype)), layers, first)
     return layers, jnp.clip(unpatchify(x, self.cfg.patch).astype(jnp.float32), -1.0, 1.0)
 
-  def _zero_state(self, method, x):
-    vae = self.clone(parent=None)
 
-    def layers(x):
-      out, _ = vae.init_with_output(jax.random.key(0), x, None, False, method=method)
-      return out[0]
+@functools.lru_cache(maxsize=16)
+def _state_shapes(cfg, dtype, method, shape):
+  """Shapes of the stream state after one later-chunk step of ``method`` on an input of ``shape`` (traced once)."""
+  vae = WanVAE(cfg, dtype, parent=None)  # unbound even when called from a bound method
 
-    shapes = jax.eval_shape(layers, x)
-    return StreamState(jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), False)
+  def layers(x):
+    out, _ = vae.init_with_output(jax.random.key(0), x, None, False, method=getattr(WanVAE, method))
+    return out[0]
+
+  return jax.eval_shape(layers, jax.ShapeDtypeStruct(shape, dtype))
+
+
+def _zero_state(cfg, dtype, method, shape):
+  shapes = _state_shapes(cfg, dtype, method, tuple(shape))
+  return StreamState(jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), False)

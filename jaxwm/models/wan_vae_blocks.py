@@ -3,7 +3,7 @@
 Only causal convolutions mix frames; norms and attention act per frame. Every module that looks
 at the past takes and returns its *stream state* (a dict of arrays, ``None`` at the start of a
 clip): the last input frames each causal convolution needs. Feeding a clip in pieces with the
-state threaded through gives exactly the output of feeding it whole.
+state threaded through gives the output of feeding it whole (up to float rounding).
 
 The one irregularity is Wan's first frame, which is compressed on its own: with ``first=True``
 the temporal resamplers pass frame 0 through unchanged (encoder: ``[x0, conv(x0,x1,x2),
@@ -199,8 +199,9 @@ def dup_up(x, out_dim, factor_t, factor_s, first):
 class Stage:
   """One entry of an encoder/decoder plan (names follow diffusers' ``AutoencoderKLWan``).
 
-  kind: ``res`` (ResidualBlock), ``resample`` (Resample) -- Wan2.1 encoder entries; ``up`` (Wan2.1 decoder block: resnets + ``upsamplers_0``); ``res_down`` / ``res_up``
-  (Wan2.2 blocks with the avg-down / dup-up shortcut).
+  kind: ``res`` (ResidualBlock) and ``resample`` (Resample): Wan2.1 encoder entries; ``up``: a Wan2.1 decoder
+  block (resnets + ``upsamplers_0``); ``res_down`` / ``res_up``: Wan2.2 blocks with the avg-down / dup-up
+  shortcut.
   """
   kind: str
   in_dim: int
@@ -221,8 +222,8 @@ def encoder_plan(cfg):
       ft = 2 if mode == "downsample3d" else 1
       fs = 2 if mode else 1
       if cin * ft * fs * fs % cout:
-        raise ValueError(f"base_dim={cfg.base_dim}, dim_mult={cfg.dim_mult}: the avg-down shortcut of block {i} "
-                         f"needs {cin} x {ft * fs * fs} divisible by {cout}")
+        raise ValueError(f"WanVAEConfig.base_dim={cfg.base_dim}, dim_mult={cfg.dim_mult}: the avg-down shortcut of "
+                         f"block {i} needs {cin} x {ft * fs * fs} divisible by {cout}")
       plan.append(Stage("res_down", cin, cout, cfg.num_res_blocks, mode, ft))
       continue
     for _ in range(cfg.num_res_blocks):
@@ -246,8 +247,8 @@ def decoder_plan(cfg):
     if cfg.is_residual:
       ft = 2 if mode == "upsample3d" else 1
       if mode and cout * ft * 4 % cin:
-        raise ValueError(f"decoder_base_dim={base}, dim_mult={cfg.dim_mult}: the dup-up shortcut of block {i} "
-                         f"needs {cout} x {ft * 4} divisible by {cin}")
+        raise ValueError(f"WanVAEConfig.decoder_base_dim={base}, dim_mult={cfg.dim_mult}: the dup-up shortcut of "
+                         f"block {i} needs {cout} x {ft * 4} divisible by {cin}")
       plan.append(Stage("res_up", cin, cout, cfg.num_res_blocks + 1, mode, ft))
     else:
       plan.append(Stage("up", cin // 2 if i > 0 else cin, cout, cfg.num_res_blocks + 1, mode))
