@@ -115,6 +115,30 @@ def test_compile_only_with_splash_attention_on_a_sharded_mesh():
     compile_only.compile_train(c, jax.devices()[:4])
 
 
+@needs_libtpu
+def test_compile_only_compiles_a_records_batch_with_text(tmp_path):
+  """A records config with cross-attention compiles over the loader's batch: ingested ``latents`` at the
+  manifest's geometry and ``text_emb [B, L, text_dim]``, ``L`` from the dataset's empty-prompt embedding."""
+  import json  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
+  from jaxwm.data import records  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
+  writer = ArrayRecordWriter(str(tmp_path / "train-00000.array_record"), "group_size:1")
+  writer.write(b"unread")
+  writer.close()
+  np.save(tmp_path / records.NULL_TEXT, np.zeros((7, 16), np.float32))
+  (tmp_path / records.MANIFEST).write_text(json.dumps(
+      {"settings": {"dtype": "float32", "text_encoder": "umt5"}, "latent_shape": [5, 4, 6, 48],
+       "shards": [{"file": "train-00000.array_record", "split": "train", "num_clips": 1, "clips": ["x"]}]}))
+  c = tiny_config(**{"data.source": "records", "data.data_dir": str(tmp_path), "model.cross_attn": True})
+  c.mesh.update(data=2, fsdp=2)
+  batch = compile_only._records_batch(c, ModelConfig.from_dict(c.model))  # pylint: disable=protected-access
+  assert batch["latents"].shape == (8, 5, 4, 6, 48) and batch["text_emb"].shape == (8, 7, 16)
+  assert compile_only.run(c, "v5e:2x2", "train")[1]
+
+
 def test_kernels_run_per_batch_shard_under_a_mesh():
   """``batch_axes``: the kernels (interpreted on CPU) split over a 2x2 mesh equal the references."""
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -169,3 +193,24 @@ def test_analytic_flops_match_xla_on_an_unrolled_forward():
   assert 0.85 < ours / xla < 1.05, (ours, xla)
   dense = model_flops(dataclasses.replace(cfg, remat="full"), params, 96, 96)
   assert dense == 4 * ours  # forward, backward (2x), rematerialised forward
+
+
+def test_analytic_flops_count_the_text_side_once_per_sequence():
+  """With cross-attention the text projection and the cross-attention keys/values apply to the ``context``
+  tokens, not to every query token: the unrolled forward's XLA count agrees."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import CameraConfig, ModelConfig  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.init import init_frames, init_params  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.compile_only import model_flops  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig(dim=128, num_heads=2, num_layers=3, ffn_dim=512, in_channels=12, out_channels=12, text_dim=256,
+                    cross_attn=True, camera=CameraConfig(encoding="rope3d"), scan_unroll=3)
+  model = WanModel(cfg)
+  shape, ctx = (1, 6, 8, 8, 12), jax.ShapeDtypeStruct((1, 40, 256), jnp.float32)  # 96 query tokens, 40 text tokens
+  params = jax.eval_shape(lambda k: nn.unbox(init_params(model, k, shape, 16)), jax.random.key(0))
+  fwd = jax.jit(lambda p, x, c: model.apply({"params": p}, x, jnp.zeros(shape[:2]), init_frames(shape, 16),
+                                            context=c)[0])
+  cost = fwd.lower(params, jax.ShapeDtypeStruct(shape, jnp.float32), ctx).compile().cost_analysis()
+  xla = float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+  ours = model_flops(cfg, params, 96, 96, context=40, backward=False)
+  assert 0.85 < ours / xla < 1.05, (ours, xla)

@@ -79,6 +79,11 @@ def compile_train(config, devices):
   batch = {"frames": jax.ShapeDtypeStruct((b, f, s, s, 3), jnp.uint8),
            "c2w": jax.ShapeDtypeStruct((b, f, 4, 4), jnp.float32),
            "intrinsics": jax.ShapeDtypeStruct((b, f, 3, 3), jnp.float32)}
+  text_len = 0
+  if d.source == "records":  # the loader's batch: ingested VAE latents (and text embeddings), not frames
+    del batch["frames"]
+    batch.update(_records_batch(config, tr.model_cfg))
+    text_len = batch["text_emb"].shape[1] if "text_emb" in batch else 0
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sh.replicated(mesh))
   state = _abstract(tr.abstract_state, tr.state_shardings)
   with jax.set_mesh(mesh):
@@ -86,8 +91,26 @@ def compile_train(config, devices):
   seq = len(tr.layout.frame_pos)
   per_frame = tr.tokens_per_step // (b * seq)
   flops = model_flops(tr.model_cfg, tr.abstract_state.params, seq * per_frame,
-                      attended_keys(tr.model_cfg, seq, config.recipe.chunk_size, per_frame)) * b / len(devices)
+                      attended_keys(tr.model_cfg, seq, config.recipe.chunk_size, per_frame),
+                      context=text_len) * b / len(devices)
   return compiled, flops
+
+
+def _records_batch(config, model_cfg):
+  """``latents [B, F, h, w, C]`` and with cross-attention ``text_emb [B, L, text_dim]`` in the ingested
+  dataset's storage dtype; ``L`` is its empty prompt's length (``null_text_emb.npy``), else umT5's 512."""
+  from jaxwm.data import records  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.data import latent_geometry  # pylint: disable=g-import-not-at-top
+  d = config.data
+  data_dir = os.path.expanduser(d.data_dir)
+  dtype = jnp.dtype((records.read_manifest(data_dir) or {}).get("settings", {}).get("dtype", "float32"))
+  b, f = d.batch_size, d.num_frames
+  out = {"latents": jax.ShapeDtypeStruct((b, f, *latent_geometry(d)), dtype)}
+  if model_cfg.cross_attn:
+    null = os.path.join(data_dir, records.NULL_TEXT)
+    text_len = np.load(null, mmap_mode="r").shape[0] if os.path.isfile(null) else 512
+    out["text_emb"] = jax.ShapeDtypeStruct((b, text_len, model_cfg.text_dim), dtype)
+  return out
 
 
 def attended_keys(model_cfg, seq_frames, chunk, tokens_per_frame):
@@ -138,16 +161,23 @@ def compile_sample(config, devices):
 def model_flops(model_cfg, params, tokens, keys, context=0, backward=True):
   """Analytic FLOPs of one forward (and backward) over ``tokens`` query tokens per device.
 
-  ``2 * (matmul parameters) * tokens`` for the dense layers (cross-attention keys/values over
-  ``context`` tokens), ``4 * tokens * keys_l * dim`` for the softmax attention of layer ``l`` (scores
-  and values over the ``keys_l`` keys it computes: every key for dense attention, the gathered
+  ``2 * (matmul parameters) * tokens`` for the dense layers (the text projection and the cross-attention
+  keys/values: ``* context`` tokens instead), ``4 * tokens * keys_l * dim`` for the softmax attention of
+  layer ``l`` (scores and values over the ``keys_l`` keys it computes: every key for dense attention, the gathered
   frames for frame-sparse attention and LOCI hybrid layers); ``keys`` is one number or one per
   layer. A backward pass costs twice a forward, and a rematerialised forward is counted once more.
   XLA's cost analysis counts a scanned layer's body once, so this is the number the roofline uses.
   """
-  matmul = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(params) if a.ndim >= 2)
+  matmul = on_context = 0
+  for path, a in jax.tree_util.tree_leaves_with_path(params):
+    if a.ndim >= 2:
+      names = {str(getattr(k, "key", k)) for k in path}
+      if "text_embedder" in names or ("attn2" in names and names & {"to_k", "to_v"}):
+        on_context += int(np.prod(a.shape))
+      else:
+        matmul += int(np.prod(a.shape))
   keys = [keys] * model_cfg.num_layers if np.ndim(keys) == 0 else list(keys)
-  fwd = 2.0 * matmul * tokens + 4.0 * tokens * sum(keys) * model_cfg.dim
+  fwd = 2.0 * matmul * tokens + 2.0 * on_context * context + 4.0 * tokens * sum(keys) * model_cfg.dim
   if context and model_cfg.cross_attn:
     fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
   if not backward:
