@@ -11,7 +11,9 @@ Ingest (321 RGB frames = 81 latent frames, every 2nd frame of 24-fps recordings)
       --vae wan2.2:weights/Wan2.2_VAE.pth \\
       --text_encoder umt5:weights/Wan2.2-TI2V-5B-Diffusers/tokenizer,weights/Wan2.2-TI2V-5B-Diffusers/text_encoder
 
-Train (a v5p-64 pod, one process per host):
+Train (a v5p-64 pod, one process per host). Measured (BENCHMARKS.md): the compiled step of one 81-latent window
+per chip does not fit a v5p-64 chip (117 G of temporaries > 95.7 G); halve data.num_frames or use a larger pod
+until the cause is found:
 
   python train.py --config configs/loci_5b.py --workdir runs/loci_5b
 
