@@ -11,21 +11,11 @@ from PIL import Image
 
 from jaxwm.data import ingest as ing
 from jaxwm.data.procedural import make_clip
+from jaxwm.data.video import write_mp4
 from jaxwm.geometry.camera_files import write_cameras
 
 HW = (64, 64)  # the tiny Wan2.2 VAE compresses 16x: 4x4 latents
 VAE, TEXT = "wan2.2-tiny:0", "umt5-tiny:0"
-
-
-def _write_mp4(path, frames, fps=10):
-  with av.open(str(path), "w") as c:
-    s = c.add_stream("libx264", rate=fps)
-    s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-    for f in frames:
-      for p in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-        c.mux(p)
-    for p in s.encode():
-      c.mux(p)
 
 
 @pytest.fixture(scope="module", name="dataset")
@@ -37,7 +27,7 @@ def _dataset(tmp_path_factory):
   clips = {}
   for i in range(3):
     clip = make_clip(2 * i, 2 * i, num_frames=17, image_hw=HW, family="rotate_loop" if i else "palindrome")
-    _write_mp4(vids / f"v{i}.mp4", clip["frames"])
+    write_mp4(vids / f"v{i}.mp4", clip["frames"])
     write_cameras(cams / f"v{i}.txt", clip["c2w"].astype(np.float64), clip["intrinsics"], HW)
     clips[f"v{i}"] = clip
   (vids / "broken.mp4").write_bytes(b"\x00not a video" * 32)

@@ -3,14 +3,13 @@ rejects, resumption, the CLI, and reading back with RecordClips / LatentWindow."
 
 import json
 
-import av
 import numpy as np
 import pytest
 
 from jaxwm.data import ingest as ing
 from jaxwm.data.procedural import make_clip, make_scene, render
 from jaxwm.data.records import LatentWindow, RecordClips, decode_record, encode_record
-from jaxwm.data.video import adjust_intrinsics, read_video, resample_indices, resize_center_crop
+from jaxwm.data.video import adjust_intrinsics, read_video, resample_indices, resize_center_crop, write_mp4
 from jaxwm.geometry.camera_files import write_cameras
 from jaxwm.geometry.formats import scale_intrinsics
 from jaxwm.geometry.cameras import reanchor
@@ -20,17 +19,6 @@ from jaxwm.utils.cli import run as run_cli
 
 HW = (32, 32)
 GOOD = {"a": 9, "b": 17, "c": 13}  # stem -> frames
-
-
-def write_mp4(path, frames, fps=10):
-  with av.open(str(path), "w") as c:
-    s = c.add_stream("libx264", rate=fps)
-    s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-    for f in frames:
-      for p in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-        c.mux(p)
-    for p in s.encode():
-      c.mux(p)
 
 
 @pytest.fixture(scope="module", name="inputs")

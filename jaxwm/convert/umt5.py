@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from jaxwm.models.umt5 import UMT5Config
+from jaxwm.convert.tree import get_path, set_path
 
 EMBED_KEYS = ("shared.weight", "encoder.embed_tokens.weight")
 
@@ -43,18 +44,6 @@ def _numpy(v):
     v = v.detach().cpu()
     return v.float().numpy() if str(v.dtype) == "torch.bfloat16" else v.numpy()
   return np.asarray(v)
-
-
-def _set(tree, path, value):
-  for p in path[:-1]:
-    tree = tree.setdefault(p, {})
-  tree[path[-1]] = value
-
-
-def _get(tree, path):
-  for p in path:
-    tree = tree[p]
-  return tree
 
 
 def _build(cfg, keys, get, leaf_dtype, put, strict):
@@ -95,7 +84,7 @@ def hf_to_jaxwm(state_dict, cfg: UMT5Config, strict=True):
   """
   params = {}
   _build(cfg, set(state_dict), lambda k: _numpy(state_dict[k]), lambda _: np.float32,
-         lambda path, a: _set(params, path, a), strict)
+         lambda path, a: set_path(params, path, a), strict)
   return {"params": params}
 
 
@@ -105,11 +94,11 @@ def jaxwm_to_hf(variables, cfg: UMT5Config):
   glob, layer = parameter_mapping(cfg)
   out = {}
   for path, names, kind in glob:
-    a = np.asarray(_get(params, path), np.float32)
+    a = np.asarray(get_path(params, path), np.float32)
     for name in names:
       out[name] = a.T if kind == "linear" else a
   for path, names, kind in layer:
-    stacked = np.asarray(_get(params["layers"], path), np.float32)
+    stacked = np.asarray(get_path(params["layers"], path), np.float32)
     for i in range(cfg.num_layers):
       for name in names:
         out[name.format(i=i)] = stacked[i].T if kind == "linear" else stacked[i]
@@ -206,14 +195,14 @@ def load_umt5_safetensors(paths, cfg: UMT5Config, abstract_params=None, sharding
   params = {}
 
   def leaf_dtype(path):
-    return cfg.params_dtype if abstract is None else _get(abstract["params"], path).dtype
+    return cfg.params_dtype if abstract is None else get_path(abstract["params"], path).dtype
 
   def put(path, a):
-    if abstract is not None and tuple(_get(abstract["params"], path).shape) != a.shape:
+    if abstract is not None and tuple(get_path(abstract["params"], path).shape) != a.shape:
       raise ValueError(f"checkpoint parameter {'/'.join(path)} has shape {a.shape}; the model expects "
-                       f"{tuple(_get(abstract['params'], path).shape)}")
-    sharding = None if shardings is None else _get(shardings["params"], path)
-    _set(params, path, jax.device_put(a, sharding))
+                       f"{tuple(get_path(abstract['params'], path).shape)}")
+    sharding = None if shardings is None else get_path(shardings["params"], path)
+    set_path(params, path, jax.device_put(a, sharding))
 
   _build(cfg, set(where), lambda k: where[k][0].get(where[k][1]), leaf_dtype, put, strict=True)
   return {"params": params}

@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from jaxwm.models.config import ModelConfig
+from jaxwm.convert.tree import get_path, set_path
 
 
 def _attn_entries(prefix, torch_prefix):
@@ -83,18 +84,6 @@ def _to_torch(a, kind, cfg):
   return a
 
 
-def _set(tree, path, value):
-  for p in path[:-1]:
-    tree = tree.setdefault(p, {})
-  tree[path[-1]] = value
-
-
-def _get(tree, path):
-  for p in path:
-    tree = tree[p]
-  return tree
-
-
 def diffusers_to_jaxwm(state_dict, cfg: ModelConfig, strict=True):
   """Maps a diffusers state dict (name -> array-like) to a jaxwm ``{"params": ...}`` tree (numpy).
 
@@ -108,7 +97,7 @@ def diffusers_to_jaxwm(state_dict, cfg: ModelConfig, strict=True):
     if key not in sd:
       missing.append(key)
       continue
-    _set(params, path, _to_jax(sd[key], kind))
+    set_path(params, path, _to_jax(sd[key], kind))
     used.add(key)
   for path, key, kind in block:
     layers = []
@@ -120,7 +109,7 @@ def diffusers_to_jaxwm(state_dict, cfg: ModelConfig, strict=True):
       layers.append(_to_jax(sd[k], kind))
       used.add(k)
     if len(layers) == cfg.num_layers:
-      _set(params, ("blocks", *path), np.stack(layers))
+      set_path(params, ("blocks", *path), np.stack(layers))
   if missing:
     raise KeyError(f"state dict lacks {len(missing)} key(s) the jaxwm model needs, e.g. {missing[:5]}")
   unused = sorted(set(sd) - used)
@@ -133,9 +122,9 @@ def jaxwm_to_diffusers(variables, cfg: ModelConfig):
   """Inverse of :func:`diffusers_to_jaxwm`: ``{"params": ...}`` -> diffusers-named numpy arrays."""
   params = variables["params"]
   glob, block = parameter_mapping(cfg)
-  out = {key: _to_torch(_get(params, path), kind, cfg) for path, key, kind in glob}
+  out = {key: _to_torch(get_path(params, path), kind, cfg) for path, key, kind in glob}
   for path, key, kind in block:
-    stacked = np.asarray(_get(params["blocks"], path))
+    stacked = np.asarray(get_path(params["blocks"], path))
     for i in range(cfg.num_layers):
       out[key.format(i=i)] = _to_torch(stacked[i], kind, cfg)
   return out

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxwm.models.wan_vae import WanVAEConfig
 from jaxwm.models.wan_vae_blocks import decoder_plan, encoder_plan
+from jaxwm.convert.tree import get_path, set_path
 
 
 def _conv(path, key, kind="conv"):
@@ -109,18 +110,6 @@ def _to_torch(a, kind):
   return a
 
 
-def _set(tree, path, value):
-  for p in path[:-1]:
-    tree = tree.setdefault(p, {})
-  tree[path[-1]] = value
-
-
-def _get(tree, path):
-  for p in path:
-    tree = tree[p]
-  return tree
-
-
 def _numpy(v):
   if hasattr(v, "detach"):
     v = v.detach().cpu()
@@ -139,7 +128,7 @@ def diffusers_to_jaxwm(state_dict, cfg: WanVAEConfig, strict=True):
     if key not in sd:
       missing.append(key)
       continue
-    _set(params, path, _to_jax(sd[key], kind))
+    set_path(params, path, _to_jax(sd[key], kind))
     used.add(key)
   if missing:
     raise KeyError(f"state dict lacks {len(missing)} key(s) the Wan VAE needs, e.g. {missing[:5]}")
@@ -152,7 +141,7 @@ def diffusers_to_jaxwm(state_dict, cfg: WanVAEConfig, strict=True):
 def jaxwm_to_diffusers(variables, cfg: WanVAEConfig):
   """Inverse of :func:`diffusers_to_jaxwm`: ``{"params": ...}`` -> diffusers-named numpy arrays."""
   params = variables["params"]
-  return {key: _to_torch(_get(params, path), kind) for path, key, kind in parameter_mapping(cfg)}
+  return {key: _to_torch(get_path(params, path), kind) for path, key, kind in parameter_mapping(cfg)}
 
 
 _RESNET_PARTS = [(r"\.residual\.0\.", ".norm1."), (r"\.residual\.2\.", ".conv1."), (r"\.residual\.3\.", ".norm2."),

@@ -145,3 +145,17 @@ def resample_indices(timestamps, fps=None, stride=None):
   right = np.clip(np.searchsorted(t, ticks), 1, len(t) - 1)
   nearest = np.where(ticks - t[right - 1] <= t[right] - ticks, right - 1, right)
   return nearest.astype(np.int64)
+
+
+def write_mp4(path, frames, fps=10):
+  """Writes uint8 ``[N, H, W, 3]`` frames as an H.264 MP4 at exactly ``fps`` (PyAV; even ``H, W``): the
+  inverse of :func:`read_video` up to codec loss, e.g. to turn procedural clips into videos to ingest."""
+  import av  # pylint: disable=g-import-not-at-top
+  with av.open(str(path), "w") as c:
+    s = c.add_stream("libx264", rate=fps)
+    s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+    for f in frames:
+      for p in s.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
+        c.mux(p)
+    for p in s.encode():
+      c.mux(p)
