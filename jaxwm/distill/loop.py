@@ -2,7 +2,7 @@
 few-step student LoRA ``G`` and a critic LoRA ``F`` over the frozen teacher (:mod:`jaxwm.distill.dmd`).
 
 It keeps :func:`jaxwm.training.loop.run`'s guarantees, reusing that module's helpers: the workdir lock
-(:func:`jaxwm.training.loop._lock_workdir`), the mesh, parameter shardings, batches and data loader of a
+(:func:`jaxwm.training.loop.run_locked`), the mesh, parameter shardings, batches and data loader of a
 :class:`jaxwm.training.loop.Trainer` of the same config, atomic checkpoints (:class:`jaxwm.checkpoint.Checkpointer`)
 of ``{G, F, both optimizer states, step}`` with the data iterator and the config, exact resume, a stop on a
 non-finite loss before it can reach a checkpoint, a progress bar and TensorBoard/JSONL scalars rewound on
@@ -47,8 +47,9 @@ from jaxwm.config_checks import ConfigError
 from jaxwm.distill import dmd
 from jaxwm.training import data as data_lib
 from jaxwm.training.layout import teacher_forcing_layout
-from jaxwm.training.loop import (NonFiniteLossError, ResumeConfigError, RunRefusedError, Trainer, _lock_workdir,
-                                 _say, _Writers, maybe_initialize_distributed, resume_config_differences)
+from jaxwm.training import loop as train_loop
+from jaxwm.training.loop import (NonFiniteLossError, ResumeConfigError, RunRefusedError, Trainer, _say, _Writers,
+                                 resume_config_differences)
 
 ADAPTER_DIR = "adapter"
 # distill.* keys that shape the state (a resume with other values is refused); the rest is logged.
@@ -318,20 +319,7 @@ def run(config, workdir, mesh=None, progress=True):
   checkpointed). A refused run in a workdir it created removes that workdir again.
   """
   check_distill(config)
-  maybe_initialize_distributed(config)
-  workdir = pathlib.Path(workdir).absolute()
-  fresh = not workdir.exists()
-  workdir.mkdir(parents=True, exist_ok=True)
-  lock = _lock_workdir(workdir)
-  try:
-    return _run(config, workdir, mesh, progress)
-  except RunRefusedError:
-    if fresh and jax.process_index() == 0:
-      lock.release()
-      shutil.rmtree(workdir, ignore_errors=True)
-    raise
-  finally:
-    lock.release()
+  return train_loop.run_locked(_run, config, workdir, mesh, progress)
 
 
 def _run(config, workdir, mesh, progress):

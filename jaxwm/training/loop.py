@@ -466,13 +466,19 @@ def run(config, workdir, mesh=None, progress=True):
   Orbax read of the state). Raises :class:`NonFiniteLossError` on a NaN/inf loss, before any
   checkpoint of that state. A refused run in a workdir it created removes that workdir again.
   """
+  return run_locked(_run, config, workdir, mesh, progress)
+
+
+def run_locked(body, config, workdir, mesh, progress):
+  """``body(config, workdir, mesh, progress)`` in a locked workdir (jax.distributed first, when configured); a
+  refused run (:class:`RunRefusedError`) removes a workdir it created. Shared by training and distillation."""
   maybe_initialize_distributed(config)
   workdir = pathlib.Path(workdir).absolute()
   fresh = not workdir.exists()
   workdir.mkdir(parents=True, exist_ok=True)
   lock = _lock_workdir(workdir)
   try:
-    return _run(config, workdir, mesh, progress)
+    return body(config, workdir, mesh, progress)
   except RunRefusedError:
     if fresh and jax.process_index() == 0:
       lock.release()
