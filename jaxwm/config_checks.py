@@ -231,6 +231,10 @@ def check_data(config):
                                                   f"frames; the dataset's clips have {have}")
     _int(config, "data.batch_size", lo=0)
     _int(config, "data.worker_count", lo=0)
+    for key in ("train.sample_every", "train.gain_every"):  # both stream the procedural eval loops
+      if _has(config, key) and _get(config, key):
+        raise ConfigError(key, _get(config, key), "must be 0 with data.source='records' (the periodic sample and "
+                                                  "memory-gain probe render the procedural eval loops)")
     _optional(config, "data.palindrome_prob", _float, ge=0, le=1)
     _optional(config, "data.scale_divisor", _float, gt=0)
     return

@@ -203,3 +203,16 @@ def test_a_stage_command_reaches_train_py_s_last_check(tmp_path, capsys):
   assert code == 2 and err == f"train.py: train.init_from={str(missing)!r}: no such directory or .safetensors file " \
                               "(an earlier stage's workdir, or the Wan transformer's weights)", err
   assert not (tmp_path / "stage4").exists()
+
+
+@pytest.mark.parametrize("key", ["train.sample_every", "train.gain_every"])
+def test_records_refuse_the_procedural_probes(key, tmp_path):
+  module = PAPERS["viewrope"]
+  h, w, frames = INGESTED["viewrope"]
+  c = module.get_config()
+  write_dataset(tmp_path / "records", module, h, w, frames)
+  c.data.data_dir = str(tmp_path / "records")
+  section, name = key.split(".")
+  c[section][name] = 100
+  with pytest.raises(config_checks.ConfigError, match=f"{key}=100: must be 0 with data.source='records'"):
+    config_checks.validate(c, num_devices=DEVICES)

@@ -91,10 +91,19 @@ def memory_gain(errors):
           for t, (w, w_o) in errors.items()}
 
 
-def model_apply_fn(model, params):
-  """``apply_fn`` for :func:`return_frame_errors` from a :class:`jaxwm.models.transformer.WanModel`."""
-  rngs = {"frame_select": jax.random.key(0)}  # random frame selection, when configured: fixed
-  return jax.jit(lambda seq, ts, frames: model.apply({"params": params}, seq, ts, frames, rngs=rngs)[0])
+def _jitted_apply(model):
+  """``(params, seq, ts, frames) -> velocity``, compiled once per model and shapes (params are an argument)."""
+  def apply(params, seq, ts, frames):
+    rngs = {"frame_select": jax.random.key(0)}  # random frame selection, when configured: fixed
+    return model.apply({"params": params}, seq, ts, frames, rngs=rngs)[0]
+  return jax.jit(apply)
+
+
+def model_apply_fn(model, params, jitted=None):
+  """``apply_fn`` for :func:`return_frame_errors` from a :class:`jaxwm.models.transformer.WanModel`;
+  ``jitted``: a :func:`_jitted_apply` of ``model`` to reuse (a probe run every k steps compiles once)."""
+  fn = jitted or _jitted_apply(model)
+  return lambda seq, ts, frames: fn(params, seq, ts, frames)
 
 
 def clip_cameras(batch):
@@ -129,8 +138,9 @@ class GainProbe:
                            jnp.asarray(np.stack([c["intrinsics"] for c in clips])))
     self.layout = make_layout("teacher_forcing", config.data.num_frames, config.recipe.chunk_size)
     self.model, self.noise_levels = model, tuple(noise_levels)
+    self._apply = _jitted_apply(model)
 
   def __call__(self, params):
-    errs = return_frame_errors(model_apply_fn(self.model, params), self.latents, self.cameras, self.layout,
+    errs = return_frame_errors(model_apply_fn(self.model, params, self._apply), self.latents, self.cameras, self.layout,
                                self.return_frame, jax.random.key(0), self.noise_levels)
     return {f"gain_{t:g}": g for t, g in memory_gain(errs).items()}
