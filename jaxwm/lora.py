@@ -358,12 +358,51 @@ def save_adapter(directory, adapter, spec, base_params, step=0, keep=None, extra
   return ckpt.directory / str(int(step))
 
 
-def _default_sharding(leaf):
-  """Replicated on the mesh of a base leaf with a ``NamedSharding``, else the first device."""
+def factor_specs(kernel_spec, ndim):
+  """``(spec of a, spec of b)`` for factors of a kernel ``W [..., in, out]`` sharded as ``kernel_spec``: ``a
+  [..., in, r]`` keeps ``W``'s leading and ``in`` axes' sharding, ``b [..., r, out]`` its leading and ``out``
+  axes'; the rank axis is never split (so FSDP shards the factors and their optimizer state like the base)."""
+  s = tuple(kernel_spec) + (None,) * (ndim - len(tuple(kernel_spec)))
+  return P(*s[:-1], None), P(*s[:-2], None, s[-1])
+
+
+def _key_name(k):
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def factor_shardings(tree, base_shardings, default):
+  """Shardings for ``tree`` (any pytree holding adapters: an adapter, a distillation state with its optimizer
+  states): a leaf whose key path ends in ``<kernel path>/a`` or ``/b`` of a kernel with a ``NamedSharding`` in
+  ``base_shardings`` (a tree mirroring the base parameters) gets :func:`factor_specs` of it; every other leaf
+  (step counters, scalars) ``default``."""
+  flat = {p: sh for p, sh in flat_paths(base_shardings).items() if isinstance(sh, NamedSharding)}
+  lengths = sorted({p.count("/") + 1 for p in flat})
+
+  def pick(keypath, leaf):
+    names = [_key_name(k) for k in keypath]
+    ndim = len(getattr(leaf, "shape", ()))
+    if names and names[-1] in FACTORS and ndim >= 2:
+      for n in lengths:
+        sh = flat.get("/".join(names[-1 - n:-1])) if len(names) > n else None
+        if sh is not None:
+          spec_a, spec_b = factor_specs(sh.spec, ndim)
+          return NamedSharding(sh.mesh, spec_a if names[-1] == "a" else spec_b)
+    return default
+
+  return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def _default_shardings(leaf):
+  """``(a, b)`` shardings for the factors of a base leaf: :func:`factor_specs` of its ``NamedSharding``, else
+  the first device."""
   sh = getattr(leaf, "sharding", None)
   if isinstance(sh, NamedSharding):
-    return NamedSharding(sh.mesh, P())
-  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return tuple(NamedSharding(sh.mesh, s) for s in factor_specs(sh.spec, len(leaf.shape)))
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return one, one
 
 
 def load_adapter(path, base_params, step=None, sharding=None, say=_say):
@@ -375,8 +414,8 @@ def load_adapter(path, base_params, step=None, sharding=None, say=_say):
       the shape the factors fit; other parameters may differ (a note is printed when the base's
       fingerprint is not the one saved).
     step: the step (default: ``path``'s, or the newest intact one).
-    sharding: a ``jax.sharding.Sharding`` for every factor (default: replicated on the base's mesh, or
-      the first device).
+    sharding: a ``jax.sharding.Sharding`` for every factor (default: each factor sharded like its base
+      kernel, :func:`factor_specs`, or the first device when the base is not on a mesh).
     say: where the fingerprint note goes.
 
   Returns:
@@ -402,9 +441,9 @@ def load_adapter(path, base_params, step=None, sharding=None, say=_say):
       say(f"note: {where} was saved for a base with other parameter shapes; its {len(saved)} targets fit this one")
     target = {}
     for p, (a, b) in saved.items():
-      sh = sharding if sharding is not None else _default_sharding(flat[p])
-      target[p] = {"a": jax.ShapeDtypeStruct(tuple(a.shape), a.dtype, sharding=sh),
-                   "b": jax.ShapeDtypeStruct(tuple(b.shape), b.dtype, sharding=sh)}
+      sh_a, sh_b = (sharding, sharding) if sharding is not None else _default_shardings(flat[p])
+      target[p] = {"a": jax.ShapeDtypeStruct(tuple(a.shape), a.dtype, sharding=sh_a),
+                   "b": jax.ShapeDtypeStruct(tuple(b.shape), b.dtype, sharding=sh_b)}
     return ckpt.restore_fields({ADAPTER_FIELD: _nest(target)}, s)[ADAPTER_FIELD], spec
 
   try:

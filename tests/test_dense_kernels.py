@@ -20,6 +20,7 @@ import pytest
 
 from jaxwm import kernels
 from jaxwm.models.attention import expand_frame_mask
+from jaxwm.ops import attention as attn_ref
 from jaxwm.ops.attention import dot_product_attention as reference
 from jaxwm.training.layout import teacher_forcing_layout
 
@@ -126,7 +127,7 @@ def _cuda_export(fn, *args):
 def test_cudnn_lowers_for_cuda(monkeypatch):
   """``impl="cudnn"``: refused here (no cuDNN at trace time); with jax's cuDNN probe stubbed to 9.8 the
   forward and backward lower to cuDNN's fused attention custom call for CUDA with the token mask."""
-  _, tok = _tf_mask(3, 2, 26)  # 78 tokens (cuDNN with a bias needs even lengths in training)
+  _, tok = _tf_mask(3, 2, 26)  # 78 tokens
   x = jax.ShapeDtypeStruct((2, tok.shape[-1], 2, 128), jnp.bfloat16)
   m = jax.ShapeDtypeStruct(tok.shape, jnp.bool_)
 
@@ -141,6 +142,35 @@ def test_cudnn_lowers_for_cuda(monkeypatch):
   from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 90800)
   text = _cuda_export(grads, x, x, x, m)
+  assert all(f"@{t}(" in text for t in CUDNN_CALLS)
+
+
+def test_cudnn_pads_odd_lengths_exactly(monkeypatch):
+  """cuDNN trains a masked attention on even lengths only: odd ones are padded (``pad_to_even``). The padded
+  problem, sliced, equals the unpadded one in values and gradients (checked with the reference), and an odd
+  length lowers to cuDNN's custom call."""
+  _, tok = _tf_mask(3, 2, 25)  # 75 tokens
+  q, k, v = _qkv(2, 75, 2, 8)
+  k, v = k[:, :-2], v[:, :-2]  # Lk = 73: both odd
+  m = jnp.asarray(tok)[:, :, :73].repeat(2, 0)[:, None]
+
+  def padded(q, k, v):
+    qp, kp, vp, mp = attn_ref.pad_to_even(q, k, v, m)
+    assert qp.shape[1] % 2 == 0 and kp.shape[1] % 2 == 0
+    return attn_ref.dot_product_attention(qp, kp, vp, mp)[:, :q.shape[1]]
+
+  plain = lambda q, k, v: attn_ref.dot_product_attention(q, k, v, m)  # pylint: disable=unnecessary-lambda-assignment
+  np.testing.assert_allclose(padded(q, k, v), plain(q, k, v), atol=1e-6)
+  cot = jax.random.normal(jax.random.key(9), q.shape)
+  g_pad = jax.grad(lambda *a: (padded(*a) * cot).sum(), (0, 1, 2))(q, k, v)
+  g_ref = jax.grad(lambda *a: (plain(*a) * cot).sum(), (0, 1, 2))(q, k, v)
+  for a, b in zip(g_pad, g_ref):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 90800)
+  x = jax.ShapeDtypeStruct((2, 75, 2, 128), jnp.bfloat16)
+  loss = lambda q, k, v, m: kernels.dot_product_attention(q, k, v, m, impl="cudnn").astype(jnp.float32).sum()  # pylint: disable=unnecessary-lambda-assignment
+  text = _cuda_export(jax.grad(loss, (0, 1, 2)), x, x, x, jax.ShapeDtypeStruct(tok.shape, jnp.bool_))
   assert all(f"@{t}(" in text for t in CUDNN_CALLS)
 
 

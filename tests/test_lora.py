@@ -208,3 +208,35 @@ def test_a_mismatched_base_is_refused_in_one_line(setup, tmp_path):
       lora.apply_lora(base, setup["adapter"], SPEC)
   with pytest.raises(FileNotFoundError, match="no LoRA adapter"):
     lora.load_adapter(tmp_path / "missing", setup["params"])
+
+
+def test_factors_and_their_optimizer_state_are_sharded_like_their_kernels(setup, tmp_path):
+  from jaxwm.training import sharding  # pylint: disable=g-import-not-at-top
+  model, params = setup["model"], setup["params"]
+  mesh = sharding.make_mesh(1, 8)
+  boxed = jax.eval_shape(lambda k: init_params(model, k, SHAPE, 16), jax.random.key(0))
+  base_sh = sharding.param_shardings(boxed, mesh, sharding.DEFAULT_RULES)
+  adapter = _random_b(setup["adapter"])
+  rep = sharding.replicated(mesh)
+  state = {"adapter": adapter, "opt": optax.adam(1e-3).init(adapter)}
+  sh = lora.factor_shardings(state, base_sh, rep)
+  flat_base = lora.flat_paths(base_sh)
+  sharded = 0
+  for tree in (sh["adapter"], sh["opt"][0].mu, sh["opt"][0].nu):
+    for path, (sa, sb) in lora.factors(tree).items():
+      w = tuple(flat_base[path].spec) + (None,) * 3
+      nd = len(lora.flat_paths(params)[path].shape)
+      assert tuple(sa.spec) == (*w[:nd - 1], None) and tuple(sb.spec) == (*w[:nd - 2], None, w[nd - 1])
+      sharded += "fsdp" in str(sa.spec) + str(sb.spec)
+  assert sharded > 0  # FSDP splits the factors, not only the base
+  assert sh["opt"][0].count == rep
+  # Placed on the mesh, the adapter merges to the same weights; load_adapter restores into those shardings.
+  placed = jax.device_put(adapter, sh["adapter"])
+  sharded_base = jax.device_put(params, base_sh)
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6),  # sharded matmul order
+                         lora.merge(sharded_base, placed, SPEC), lora.merge(params, adapter, SPEC))
+  lora.save_adapter(tmp_path / "adapter", placed, SPEC, params)
+  loaded, _ = lora.load_adapter(tmp_path / "adapter", sharded_base)
+  jax.tree_util.tree_map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(str(x.sharding)),
+                         loaded, sh["adapter"])
+  jax.tree_util.tree_map(np.testing.assert_array_equal, loaded, adapter)

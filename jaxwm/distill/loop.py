@@ -142,7 +142,8 @@ def spec_of(config):
 class Distiller:
   """What a distillation run needs, built from a config: the :class:`Trainer` of the same config (model, mesh,
   shardings, batches, loader), the LoRA spec, optimizers, the state's shardings (``G``, ``F`` and their optimizer
-  states replicated; the frozen base in the training parameter shardings) and the jitted updates, shared by every
+  states sharded like the kernels they adapt, :func:`jaxwm.lora.factor_shardings`; the frozen base in the
+  training parameter shardings) and the jitted updates, shared by every
   ``Distiller`` of the same model, settings and mesh (compiled once per process)."""
 
   def __init__(self, config, workdir, mesh=None):
@@ -161,8 +162,9 @@ class Distiller:
     self.base_target = ckpt_lib.abstract_with_shardings(self.abstract_base, self.base_shardings)
     init = lambda key, base: dmd.init_state(key, base, self.spec, self.tx_gen, self.tx_critic)  # pylint: disable=unnecessary-lambda-assignment
     self.abstract_state = jax.eval_shape(init, jax.random.key(0), self.abstract_base)
-    rep = NamedSharding(self.mesh, P())
-    self.state_shardings = jax.tree_util.tree_map(lambda _: rep, self.abstract_state)
+    # G, F and their optimizer states sharded like the kernels they adapt (FSDP), counters replicated.
+    self.state_shardings = lora.factor_shardings(self.abstract_state, self.base_shardings,
+                                                 NamedSharding(self.mesh, P()))
     self._init = jax.jit(init, in_shardings=(None, self.base_shardings), out_shardings=self.state_shardings)
     null_context = None
     if self.model.cfg.cross_attn and self.settings.guidance != 1.0:

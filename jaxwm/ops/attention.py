@@ -43,9 +43,25 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
     if mask is not None:
       m = mask[:, None] if mask.ndim == 3 else mask
       m = jnp.broadcast_to(m, (q.shape[0], m.shape[1], q.shape[1], k.shape[1]))
-    return jax.nn.dot_product_attention(q, k, v, mask=m, scale=scale, implementation="cudnn")
+      q, k, v, m = pad_to_even(q, k, v, m)  # cuDNN trains a masked attention on even lengths only
+    out = jax.nn.dot_product_attention(q, k, v, mask=m, scale=scale, implementation="cudnn")
+    return out[:, :mask.shape[-2]] if mask is not None else out
   probs = attention_weights(q, k, mask, scale=scale)
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v).astype(q.dtype)
+
+
+def pad_to_even(q, k, v, mask):
+  """``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]``, ``mask [B, Hm, Lq, Lk]`` padded to even ``Lq``, ``Lk`` with zero
+  tokens: padded keys are masked out for every query, padded queries attend to every key (their rows are
+  sliced off the output, so they neither produce NaN nor pass a gradient). Unchanged when both are even."""
+  pq, pk = q.shape[1] % 2, k.shape[1] % 2
+  if not (pq or pk):
+    return q, k, v, mask
+  tok = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0))) if n else x  # pylint: disable=unnecessary-lambda-assignment
+  mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pq), (0, pk)), constant_values=False)
+  if pq:
+    mask = mask.at[:, :, -1, :].set(True)
+  return tok(q, pq), tok(k, pk), tok(v, pk), mask
 
 
 def attention_weights(q, k, mask=None, *, scale=None):
