@@ -1,4 +1,4 @@
-"""The CPU-scale recipe whose return frames match the first view (RESULTS.md, "A recipe that remembers").
+"""The CPU-scale recipe (RESULTS.md, "The CPU recipe"): return frames that recall the first view.
 
   python train.py --config configs/recipe_cpu.py      # about 2 hours on a 2-core CPU; resumes where it stopped
 
