@@ -78,6 +78,11 @@ def tiny_config(**overrides):
   c.optim.update(warmup_steps=2)
   c.train.update(num_steps=4, log_every=1, ckpt_every=2, sample_every=0, async_checkpoint=False)
   c.sample.update(num_steps=3)
+  return apply_overrides(c, overrides)
+
+
+def apply_overrides(c, overrides):
+  """``c`` with ``{"a.b.c": value}`` overrides set in place (returned)."""
   for k, v in overrides.items():
     node = c
     *path, last = k.split(".")

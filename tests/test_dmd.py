@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import random_intrinsics, random_poses, tiny_config
+from conftest import apply_overrides, random_intrinsics, random_poses, tiny_config
 
 from jaxwm import checkpoint as ckpt_lib
 from jaxwm import lora
@@ -32,13 +32,7 @@ def _config(**overrides):
   c.distill = distill.get_config().distill
   c.distill.update(rank=SPEC.rank, alpha=SPEC.alpha, student_steps=2, critic_updates=2, lr_generator=1e-2,
                    lr_critic=1e-2, num_steps=4)
-  for k, v in overrides.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
+  return apply_overrides(c, overrides)
 
 
 # ----------------------------------------------------------------------------------------------------------------
