@@ -5,7 +5,9 @@ evaluate all of them on the same eval clips, write RESULTS.md.
   python benchmarks/reproduction.py --steps 600 --seeds 0,1 --phase train
   python benchmarks/reproduction.py --steps 600 --seeds 0,1 --phase eval   # then report
 
-Phases: ``train`` (one `train.py` process per arm and seed, resumable, skipped when done),
+``all`` trains and evaluates one run after another (a run whose JSON is in ``results/repro/`` is skipped,
+so a later session continues where an earlier one stopped; ``runs/`` is scratch). Phases:
+``train`` (one `train.py` process per arm and seed, resumable, skipped when done),
 ``eval`` (loop-closure benchmark of every run, counterfactual selections and top-k sweeps for
 ``frame_topk``, bounded memories on palindromes for ``viewrope``; JSON per run under
 ``results/repro/``), ``report`` (RESULTS.md: tables with 95% bootstrap intervals over seeds and
@@ -51,65 +53,102 @@ def _jobs(args, seeds):
   return [(arm, s) for s in seeds for arm in MAIN_ARMS if s == seeds[0] or arm in args.seed_arms]
 
 
-def train(args, seeds):
-  jobs = _jobs(args, seeds)  # the stages come after the first seed's arms
+def _ordered_jobs(args, seeds):
+  """The first seed's arms, then the progressive stages, then the other seeds."""
+  jobs = _jobs(args, seeds)
   n_first = sum(1 for _, s in jobs if s == seeds[0])
-  jobs = jobs[:n_first] + ([(st, seeds[0]) for st in STAGES] if args.stages else []) + jobs[n_first:]
-  for arm, seed in jobs:
-    wd = run_dir(args.runs, arm, seed)
-    stage = arm.startswith("stage")
-    steps = max(1, int(args.steps * 0.25)) if stage else args.steps
-    if (_latest_step(wd) or 0) >= steps:
-      print(f"[train] {arm} seed {seed}: done ({wd})", flush=True)
+  return jobs[:n_first] + ([(st, seeds[0]) for st in STAGES] if args.stages else []) + jobs[n_first:]
+
+
+def _evaluated(arm):
+  return not arm.startswith("stage") or arm == STAGES[-1]
+
+
+def _result_path(args, arm, seed):
+  return pathlib.Path(args.results) / f"{arm}_s{seed}.json"
+
+
+def _train_one(args, arm, seed):
+  wd = run_dir(args.runs, arm, seed)
+  stage = arm.startswith("stage")
+  steps = max(1, int(args.steps * 0.25)) if stage else args.steps
+  if (_latest_step(wd) or 0) >= steps:
+    print(f"[train] {arm} seed {seed}: done ({wd})", flush=True)
+    return
+  cmd = [sys.executable, "train.py", f"--config=configs/repro.py:{arm}", f"--config.seed={seed}",
+         f"--config.train.num_steps={steps}", f"--config.train.ckpt_every={min(steps, CKPT_EVERY)}",
+         f"--workdir={wd}"]
+  if stage and arm != "stage1":
+    cmd.append(f"--config.train.init_from={run_dir(args.runs, f'stage{int(arm[-1]) - 1}', seed)}")
+  print(f"[train] {' '.join(cmd[1:])}", flush=True)
+  t0 = time.time()
+  wd.parent.mkdir(parents=True, exist_ok=True)
+  with open(wd.parent / f"{wd.name}.log", "a") as log:
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
+  print(f"[train] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+
+
+def train(args, seeds):
+  for arm, seed in _ordered_jobs(args, seeds):
+    _train_one(args, arm, seed)
+
+
+def train_and_evaluate(args, seeds):
+  """Each run trained, then evaluated at once: its JSON under ``results/`` is what outlives the session
+  (``runs/`` is scratch), and a run whose JSON exists is skipped, training included."""
+  jobs = _ordered_jobs(args, seeds)
+  for i, (arm, seed) in enumerate(jobs):
+    # A stage is done when the last stage's result exists.
+    final = STAGES[-1] if arm.startswith("stage") else arm
+    if _result_path(args, final, seed).exists():
+      print(f"[run {i + 1}/{len(jobs)}] {arm} seed {seed}: done", flush=True)
       continue
-    cmd = [sys.executable, "train.py", f"--config=configs/repro.py:{arm}", f"--config.seed={seed}",
-           f"--config.train.num_steps={steps}", f"--config.train.ckpt_every={min(steps, CKPT_EVERY)}",
-           f"--workdir={wd}"]
-    if stage and arm != "stage1":
-      cmd.append(f"--config.train.init_from={run_dir(args.runs, f'stage{int(arm[-1]) - 1}', seed)}")
-    print(f"[train] {' '.join(cmd[1:])}", flush=True)
-    t0 = time.time()
-    wd.parent.mkdir(parents=True, exist_ok=True)
-    with open(wd.parent / f"{wd.name}.log", "a") as log:
-      subprocess.run(cmd, cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
-    print(f"[train] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+    print(f"[run {i + 1}/{len(jobs)}] {arm} seed {seed}", flush=True)
+    _train_one(args, arm, seed)
+    if _evaluated(arm):
+      _eval_one(args, arm, seed)
 
 
 def evaluate(args, seeds):
+  jobs = _jobs(args, seeds) + ([(STAGES[-1], seeds[0])] if args.stages else [])
+  for arm, seed in jobs:
+    _eval_one(args, arm, seed)
+
+
+def _eval_one(args, arm, seed):
   from jaxwm.evaluation import loop_closure as lc  # pylint: disable=g-import-not-at-top
   from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
   import dataclasses  # pylint: disable=g-import-not-at-top
-  out = pathlib.Path(args.results)
-  out.mkdir(parents=True, exist_ok=True)
-  jobs = _jobs(args, seeds) + ([("stage4", seeds[0])] if args.stages else [])
-  for arm, seed in jobs:
-    path = out / f"{arm}_s{seed}.json"
-    if path.exists():
-      print(f"[eval] {arm} seed {seed}: done ({path})", flush=True)
-      continue
-    if _latest_step(run_dir(args.runs, arm, seed)) is None:
-      print(f"[eval] {arm} seed {seed}: not trained yet, skipped", flush=True)
-      continue
-    t0 = time.time()
-    config, model, variables, step = load_model(run_dir(args.runs, arm, seed))
-    common = dict(seed=0, steps=args.sample_steps, num_frames=9, frame_stride=2)
-    settings = {"loops": lc.evaluate(config, model, variables, clips=args.clips, probe=True, **common)}
-    if arm == "frame_topk":
-      att = model.cfg.attention
-      for sel, k in [("random", att.top_k), ("exclude_selected", att.top_k)] + [("topk", k) for k in args.top_k]:
-        if sel == "topk" and k == att.top_k:
-          continue
-        m = WanModel(dataclasses.replace(model.cfg, attention=dataclasses.replace(att, selection=sel, top_k=k)))
-        settings[f"loops {sel} top_k={k}"] = lc.evaluate(config, m, variables, clips=args.clips, **common)
-    if arm == "viewrope":
-      settings["loops evicted"] = lc.evaluate(config, model, variables, clips=args.clips, memory=EVICTED[0],
-                                              memory_kwargs=EVICTED[1], gain=False, **common)
-      for name, (mem, kw) in MEMORIES.items():
-        settings[f"palindrome {name}"] = lc.evaluate(config, model, variables, clips=args.palindromes,
-                                                     family="palindrome", memory=mem, memory_kwargs=kw, **common)
-    path.write_text(json.dumps({"arm": arm, "seed": seed, "step": int(step), "settings": settings}))
-    print(f"[eval] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+  path = _result_path(args, arm, seed)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if path.exists():
+    print(f"[eval] {arm} seed {seed}: done ({path})", flush=True)
+    return
+  if _latest_step(run_dir(args.runs, arm, seed)) is None:
+    print(f"[eval] {arm} seed {seed}: not trained yet, skipped", flush=True)
+    return
+  t0 = time.time()
+  config, model, variables, step = load_model(run_dir(args.runs, arm, seed))
+  common = dict(seed=0, steps=args.sample_steps, num_frames=9, frame_stride=2)
+  settings = {"loops": lc.evaluate(config, model, variables, clips=args.clips, probe=True, **common)}
+  if arm == "frame_topk":
+    att = model.cfg.attention
+    for sel, k in [("random", att.top_k), ("exclude_selected", att.top_k)] + [("topk", k) for k in args.top_k]:
+      if sel == "topk" and k == att.top_k:
+        continue
+      m = WanModel(dataclasses.replace(model.cfg, attention=dataclasses.replace(att, selection=sel, top_k=k)))
+      settings[f"loops {sel} top_k={k}"] = lc.evaluate(config, m, variables, clips=args.clips, **common)
+  if arm == "viewrope":
+    settings["loops evicted"] = lc.evaluate(config, model, variables, clips=args.clips, memory=EVICTED[0],
+                                            memory_kwargs=EVICTED[1], gain=False, **common)
+    for name, (mem, kw) in MEMORIES.items():
+      settings[f"palindrome {name}"] = lc.evaluate(config, model, variables, clips=args.palindromes,
+                                                   family="palindrome", memory=mem, memory_kwargs=kw, **common)
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps({"arm": arm, "seed": seed, "step": int(step), "settings": settings}))
+  os.replace(tmp, path)
+  print(f"[eval] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
 
 
 def _bootstrap(values, n=2000, rng=None):
@@ -298,9 +337,11 @@ def main(argv=None):
   args.seed_arms = args.seed_arms.split(",")
   seeds = [int(s) for s in args.seeds.split(",")]
   os.chdir(ROOT)
-  if args.phase in ("all", "train"):
+  if args.phase == "all":
+    train_and_evaluate(args, seeds)
+  if args.phase == "train":
     train(args, seeds)
-  if args.phase in ("all", "eval"):
+  if args.phase == "eval":
     evaluate(args, seeds)
   if args.phase in ("all", "report"):
     report(args, seeds)
