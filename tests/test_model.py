@@ -219,3 +219,21 @@ def test_remat_policies_give_the_same_gradients(setup):
   for g in grads[1:]:
     for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(grads[0])):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # recomputation reorders float sums
+
+
+def test_per_frame_timesteps_equal_per_token(setup):
+  """Timesteps per frame ``[B, S]`` modulate each frame's tokens exactly as the same timesteps given per
+  token ``[B, S*N]`` (the per-frame path never materialises the per-token modulation)."""
+  model, layout, variables, clip, noisy, t, fwd = setup
+  seq = jnp.concatenate([clip[:, layout.clean_frames], noisy], 1)
+  ts = jnp.concatenate([jnp.zeros((2, layout.num_clean)), t * flow.TIMESTEP_SCALE], 1)
+  n = (HW[0] // CFG.patch_size[1]) * (HW[1] // CFG.patch_size[2])
+  per_frame = fwd(variables, seq, ts)
+  per_token = fwd(variables, seq, jnp.repeat(ts, n, axis=1))
+  np.testing.assert_allclose(per_frame, per_token, rtol=1e-5, atol=1e-5)
+  # Per-token timesteps that differ within a frame are honoured (not averaged per frame).
+  ts_tok = jnp.repeat(ts, n, axis=1).at[:, -1].set(500.0)
+  out = fwd(variables, seq, ts_tok)
+  assert not np.allclose(out[:, -1], per_frame[:, -1], atol=1e-4)
+  with pytest.raises(ValueError, match="timesteps must have shape"):
+    model.apply(variables, seq, ts[:, :-1], layout.frames(2))

@@ -47,10 +47,13 @@ class Block(nn.Module):
 
   Scanned over a run of layers: ``__call__(x, layer, mod, queries, cached, mask, context, memory)
   -> (x, entries)``. ``layer`` is this layer's slice of the cache (``{"kv": ...}`` for softmax
-  blocks, ``{"mem": ...}`` for hybrid ones, None entries without a cache); ``mod [B, L, 6, dim]`` the
+  blocks, ``{"mem": ...}`` for hybrid ones, None entries without a cache); ``mod [B, M, 6, dim]`` the
   shared time modulation (shift, scale, gate for attention, then for the FFN), to which the block
-  adds its own ``scale_shift_table``. A ``hybrid`` block (LOCI) attends to its own chunk and adds
-  the gated readout of its recurrent memory (``memory``: per-token memory cameras and RoPE).
+  adds its own ``scale_shift_table``: one row per frame (``M = S``, each row modulating its frame's
+  ``N`` tokens) or per token (``M = S*N``); per frame keeps it ``N`` times smaller than ``x``'s float32
+  copy, which matters when every group of layers holds it and its gradient. A ``hybrid`` block (LOCI)
+  attends to its own chunk and adds the gated readout of its recurrent memory (``memory``: per-token
+  memory cameras and RoPE).
   """
   cfg: ModelConfig
   kind: str = "softmax"
@@ -61,10 +64,12 @@ class Block(nn.Module):
     cfg = self.cfg
     table = self.param("scale_shift_table", nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")),
                        (1, 6, cfg.dim))
-    shift, scale, gate, c_shift, c_scale, c_gate = (a[:, :, 0] for a in jnp.split(table[None] + mod, 6, axis=2))
+    shift, scale, gate, c_shift, c_scale, c_gate = (a[:, :, 0, None] for a in jnp.split(table[None] + mod, 6, axis=2))
+    b, length, dim = x.shape
+    per, flat = _grouping(b, mod.shape[1], length, dim)
     dt = cfg.compute_dtype
-    xf = x.astype(jnp.float32)
-    y = (LayerNorm(cfg.eps, name="norm1")(xf) * (1 + scale) + shift).astype(dt)
+    xf = per(x.astype(jnp.float32))
+    y = flat((LayerNorm(cfg.eps, name="norm1")(xf) * (1 + scale) + shift).astype(dt))
     attn, own, selected = Attention(cfg, self.kind, name="attn1")(
         y, queries=queries, cached=cached, cache_kv=layer.get("kv"), mask=mask)
     if self.kind == "hybrid":
@@ -76,18 +81,25 @@ class Block(nn.Module):
       entries = {"mem": state}
     else:
       entries = {"kv": own, "selected": selected}
-    xf = xf + attn.astype(jnp.float32) * gate
+    xf = xf + per(attn.astype(jnp.float32)) * gate
     if cfg.cross_attn:
       if cfg.cross_attn_norm:
         y = LayerNorm(cfg.eps, affine=True, name="norm2")(xf).astype(dt)
       else:  # diffusers: no norm before cross-attention
         y = xf.astype(dt)
-      xf = xf + Attention(cfg, "cross", name="attn2")(y, context=context).astype(jnp.float32)
-    y = (LayerNorm(cfg.eps, name="norm3")(xf) * (1 + c_scale) + c_shift).astype(dt)
+      xf = xf + per(Attention(cfg, "cross", name="attn2")(flat(y), context=context).astype(jnp.float32))
+    y = flat((LayerNorm(cfg.eps, name="norm3")(xf) * (1 + c_scale) + c_shift).astype(dt))
     y = dense(cfg.ffn_dim, ("embed", "mlp"), "ffn_in", dt)(y)
     y = dense(cfg.dim, ("mlp", "embed"), "ffn_out", dt)(nn.gelu(y, approximate=True))
-    xf = xf + y.astype(jnp.float32) * c_gate
-    return nn.with_logical_constraint(xf.astype(x.dtype), ("batch", "length", "act_embed")), entries
+    xf = xf + per(y.astype(jnp.float32)) * c_gate
+    return nn.with_logical_constraint(flat(xf).astype(x.dtype), ("batch", "length", "act_embed")), entries
+
+
+def _grouping(b, rows, length, dim):
+  """``(per, flat)``: ``[B, L, D] <-> [B, rows, L / rows, D]``, tokens grouped by their modulation row."""
+  if length % rows:
+    raise ValueError(f"modulation rows {rows} must divide the sequence length {length}")
+  return (lambda a: a.reshape(b, rows, length // rows, dim)), (lambda a: a.reshape(b, length, dim))
 
 
 def patchify(latents, patch_size):
@@ -169,9 +181,7 @@ class WanModel(nn.Module):
         x = x + nn.Dense(cfg.dim, name="plucker_out", dtype=cfg.compute_dtype, kernel_init=_zeros(("mlp", "embed")),
                          bias_init=_zeros(("embed",)))(pl)
     x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-    if timesteps.shape == (b, s_tok):
-      timesteps = jnp.repeat(timesteps, n, axis=1)
-    if timesteps.shape != (b, s_tok * n):
+    if timesteps.shape not in ((b, s_tok), (b, s_tok * n)):  # per frame stays per frame (Block)
       raise ValueError(f"timesteps must have shape {(b, s_tok)} or {(b, s_tok * n)}; got {timesteps.shape}")
     temb, mod = TimeEmbedding(cfg.dim, cfg.freq_dim, name="condition_embedder")(timesteps)
     if cfg.cross_attn:
@@ -238,8 +248,9 @@ class WanModel(nn.Module):
 
     table = self.param("scale_shift_table", nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")),
                        (1, 2, cfg.dim))
-    shift, scale = jnp.split(table[None] + temb[:, :, None], 2, axis=2)
-    y = LayerNorm(cfg.eps, name="norm_out")(x) * (1 + scale[:, :, 0]) + shift[:, :, 0]
+    shift, scale = (a[:, :, 0, None] for a in jnp.split(table[None] + temb[:, :, None], 2, axis=2))
+    per, flat = _grouping(b, temb.shape[1], x.shape[1], cfg.dim)
+    y = flat(LayerNorm(cfg.eps, name="norm_out")(per(x)) * (1 + scale) + shift)
     out = dense(cfg.out_channels * pt * ph * pw, ("embed", "patch"), "proj_out", cfg.compute_dtype)(
         y.astype(cfg.compute_dtype))
     cat = lambda xs: None if not xs else jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *xs)  # pylint: disable=unnecessary-lambda-assignment
