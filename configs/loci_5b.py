@@ -80,6 +80,9 @@ def get_config():
       chunk_size=64,  # the delta-rule scan's token block: a kernel setting, not LOCI's chunk
       impl="pallas_tpu")  # jaxwm's TPU delta-rule kernel; pallas_gpu on GPUs, xla on CPU
   c.model.attention_impl = "auto"  # the 15 softmax blocks: splash on TPU, cuDNN on GPU
+  # The hybrid blocks' own-chunk softmax: the Pallas gathered-frames kernel (pallas_gpu on GPUs); the XLA
+  # reference holds float32 scores of every token over its chunk's 5 x 384 keys (about 3 GB per layer here).
+  c.model.attention.update(impl="pallas_tpu")
   c.data.update(
       source="records", data_dir=DATA_DIR, vae=VAE, text_encoder=TEXT_ENCODER, latent_stride=16,
       num_frames=LATENT_FRAMES, frame_stride=1,  # the RGB stride 2 is applied at ingestion (--stride 2)
