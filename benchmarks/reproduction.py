@@ -182,6 +182,8 @@ def report(args, seeds):
   for p in sorted(res_dir.glob("*.json")):
     d = json.loads(p.read_text())
     results[(d["arm"], d["seed"])] = d
+  wanted = [(a, s) for a, s in _ordered_jobs(args, seeds) if _evaluated(a)]
+  missing = [f"{a} s{s}" for a, s in wanted if (a, s) not in results]
   seeds = [s for s in seeds if any((a, s) in results for a in MAIN_ARMS)]
   lines = ["# The small reproduction", "",
            "Produced by `benchmarks/reproduction.py` (see its docstring; it rewrites only this section of "
@@ -197,7 +199,10 @@ def report(args, seeds):
            f"- Eval: {args.clips} rotate-away-and-back loops (eval split, 5 magnitudes x 7 axis combinations), "
            f"{args.palindromes} palindromes; {args.sample_steps} Euler steps per chunk.",
            "- Intervals: 95% bootstrap over seeds, then clips (2000 resamples); paired differences resample the "
-           "same (seed, clip) cells for both arms.", ""]
+           "same (seed, clip) cells for both arms.",
+           f"- Runs: {len(wanted) - len(missing)} of {len(wanted)} evaluated" + (
+               f"; **partial**, not yet run: {', '.join(missing)} (the command above continues where it stopped; "
+               "every interval below covers only the runs present)" if missing else ""), ""]
   metrics = ("return_psnr", "return_ssim", "between_psnr", "psnr", "gain_1", "remembers", "covis_mass",
              "covis_chance")
   lines += ["## All arms on the loops (full memory, training selection)", "",
