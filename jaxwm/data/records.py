@@ -26,6 +26,7 @@ size 1), ``manifest.json``, which lists finished shards only, and with a text en
 import io
 import json
 import pathlib
+import threading
 
 import grain.python as grain
 import numpy as np
@@ -36,6 +37,9 @@ RECORD_VERSION = 1
 MANIFEST = "manifest.json"
 NULL_TEXT = "null_text_emb.npy"  # [L, D]: the text encoder's embedding of the empty prompt (with a text encoder)
 STRING_KEYS = ("caption", "meta")
+# numpy parses .npy headers with ast.literal_eval, which CPython 3.11 does not make thread-safe
+# ("SystemError: AST constructor recursion depth mismatch"); grain decodes records in a thread pool.
+_NPY_HEADER_LOCK = threading.Lock()
 
 
 def encode_record(clip):
@@ -52,7 +56,7 @@ def encode_record(clip):
 
 def decode_record(data):
   """Inverse of :func:`encode_record`: dict of numpy arrays (strings as ``np.str_``)."""
-  with np.load(io.BytesIO(data), allow_pickle=False) as z:
+  with _NPY_HEADER_LOCK, np.load(io.BytesIO(data), allow_pickle=False) as z:
     out = {k: z[k] for k in z.files}
   version = int(out.pop("version", -1))
   if version != RECORD_VERSION:

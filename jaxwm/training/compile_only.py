@@ -92,7 +92,7 @@ def compile_train(config, devices):
   per_frame = tr.tokens_per_step // (b * seq)
   flops = model_flops(tr.model_cfg, tr.abstract_state.params, seq * per_frame,
                       attended_keys(tr.model_cfg, seq, config.recipe.chunk_size, per_frame),
-                      context=text_len) * b / len(devices)
+                      context=text_len, frames=seq) * b / len(devices)
   return compiled, flops
 
 
@@ -154,30 +154,33 @@ def compile_sample(config, devices):
   commit = jax.jit(streaming.commit, static_argnums=(0,)).lower(model, variables, cache, x, pos, ctx, cams,
                                                                rng).compile()
   once = model_flops(cfg, variables["params"], chunk * n, attended_keys(cfg, d.num_frames + chunk, chunk, n), context=1,
-                     backward=False)
+                     backward=False, frames=chunk)
   return (denoise, once * config.sample.num_steps), (commit, once)
 
 
-def model_flops(model_cfg, params, tokens, keys, context=0, backward=True):
+def model_flops(model_cfg, params, tokens, keys, context=0, backward=True, frames=None):
   """Analytic FLOPs of one forward (and backward) over ``tokens`` query tokens per device.
 
   ``2 * (matmul parameters) * tokens`` for the dense layers (the text projection and the cross-attention
-  keys/values: ``* context`` tokens instead), ``4 * tokens * keys_l * dim`` for the softmax attention of
+  keys/values: ``* context`` tokens instead; the timestep embedding and its modulation projection: ``* frames``,
+  one per frame, or per token when ``frames`` is None), ``4 * tokens * keys_l * dim`` for the softmax attention of
   layer ``l`` (scores and values over the ``keys_l`` keys it computes: every key for dense attention, the gathered
   frames for frame-sparse attention and LOCI hybrid layers); ``keys`` is one number or one per
   layer. A backward pass costs twice a forward, and a rematerialised forward is counted once more.
   XLA's cost analysis counts a scanned layer's body once, so this is the number the roofline uses.
   """
-  matmul = on_context = 0
+  matmul = on_context = on_frames = 0
   for path, a in jax.tree_util.tree_leaves_with_path(params):
     if a.ndim >= 2:
       names = {str(getattr(k, "key", k)) for k in path}
       if "text_embedder" in names or ("attn2" in names and names & {"to_k", "to_v"}):
         on_context += int(np.prod(a.shape))
+      elif "condition_embedder" in names and frames is not None:
+        on_frames += int(np.prod(a.shape))
       else:
         matmul += int(np.prod(a.shape))
   keys = [keys] * model_cfg.num_layers if np.ndim(keys) == 0 else list(keys)
-  fwd = 2.0 * matmul * tokens + 2.0 * on_context * context + 4.0 * tokens * sum(keys) * model_cfg.dim
+  fwd = 2.0 * matmul * tokens + 2.0 * on_context * context + 2.0 * on_frames * (frames or 0) + 4.0 * tokens * sum(keys) * model_cfg.dim
   if context and model_cfg.cross_attn:
     fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
   if not backward:
