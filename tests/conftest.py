@@ -76,7 +76,7 @@ def tiny_config(**overrides):
   c.data.update(source="procedural", num_clips=16, clips_per_scene=8, clip_frames=9, render_size=16, image_size=16,
                 num_frames=5, frame_stride=2, batch_size=8)
   c.optim.update(warmup_steps=2)
-  c.train.update(num_steps=4, log_every=1, ckpt_every=2, sample_every=0, async_checkpoint=False)
+  c.train.update(num_steps=4, log_every=1, ckpt_every=2, sample_every=0, gain_every=0, async_checkpoint=False)
   c.sample.update(num_steps=3)
   return apply_overrides(c, overrides)
 

@@ -26,7 +26,7 @@ SMALL = ["--config.data.source=procedural", "--config.data.num_clips=8", "--conf
          "--config.data.render_size=16", "--config.data.image_size=16", "--config.data.num_frames=5",
          "--config.model.dim=64", "--config.model.num_heads=2", "--config.model.num_layers=2",
          "--config.model.ffn_dim=64", "--config.model.freq_dim=32", "--config.model.text_dim=16",
-         "--config.train.num_steps=1", "--config.train.sample_every=0", "--config.train.async_checkpoint=False",
+         "--config.train.num_steps=1", "--config.train.sample_every=0", "--config.train.gain_every=0", "--config.train.async_checkpoint=False",
          "--config.optim.warmup_steps=0"]
 
 
@@ -212,7 +212,7 @@ def _train_config(n):
   return c, notes
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [1, 4])  # and 8: test_default_train_py_on_8_devices
 def test_default_config_trains_on_n_devices(n, tmp_path):
   from jaxwm.training import sharding  # pylint: disable=g-import-not-at-top
   from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top

@@ -94,3 +94,19 @@ def test_real_model_runs_and_removing_the_view_changes_the_prediction(loci):
   w, w_o = errs[1.0]
   assert w.shape == (2,) and np.all(np.isfinite(w)) and np.all(np.isfinite(w_o))
   assert not np.allclose(w, w_o)
+
+
+def test_training_logs_the_gain_every_k_steps_and_at_the_end(tmp_path):
+  """``train.gain_every``: the probe's ``gain_<t>`` for every noise level in ``metrics.jsonl`` at multiples of k
+  and at the last step, positive and finite, and nowhere else."""
+  import json  # pylint: disable=g-import-not-at-top
+  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+  from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
+  c = tiny_config(**{"train.num_steps": 3, "train.gain_every": 2, "train.ckpt_every": 3})
+  run(c, tmp_path, mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False)
+  rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  keys = {f"gain_{t:g}" for t in mg.NOISE_LEVELS}
+  assert [r["step"] for r in rows if keys <= r.keys()] == [2, 3]
+  assert not any(k in rows[0] for k in keys)
+  assert all(0 < r[k] < float("inf") for r in rows[1:] for k in keys)
