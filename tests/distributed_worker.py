@@ -12,7 +12,8 @@ import sys
 
 pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0 "
+                           "--xla_llvm_disable_expensive_passes=true")  # as tests/conftest.py: tiny programs
 os.environ.update(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

@@ -63,7 +63,8 @@ def test_ingest_train_sample_mp4(dataset, tmp_path):
       f"--config.data.vae={VAE}", f"--config.data.text_encoder={TEXT}", "--config.data.latent_stride=16",
       "--config.data.num_frames=5", "--config.data.frame_stride=1", "--config.data.per_device_batch_size=1",
       "--config.model.in_channels=8", "--config.model.out_channels=8", "--config.model.camera.vae_stride=16",
-      "--config.model.cross_attn=True", "--config.model.text_dim=64", "--config.recipe.text_dropout=0.1",
+      "--config.model.cross_attn=True", "--config.model.text_dim=64", "--config.model.dim=64",
+      "--config.model.num_heads=2", "--config.model.num_layers=2", "--config.model.ffn_dim=64", "--config.recipe.text_dropout=0.1",
       "--config.train.num_steps=3", "--config.train.ckpt_every=3", "--config.train.sample_every=0",
       "--config.train.gain_every=0", f"--config.train.workdir={work}"])
   assert code == 0
