@@ -128,7 +128,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
   (:data:`ATTENTION_IMPLS`).
 
   ``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]``, ``mask`` bool ``[1 or B, (1 or H,) Lq, Lk]`` (True = attend;
-  NumPy: a static splash mask; None: all) -> ``[B, Lq, H, D]`` in ``q``'s dtype. ``splash`` runs on a TPU
+  NumPy: a static splash mask; a :class:`jaxwm.ops.attention.StaticFrameMask`: static and frame-level, never
+  materialised by splash; None: all) -> ``[B, Lq, H, D]`` in ``q``'s dtype. ``splash`` runs on a TPU
   (or with ``interpret=True`` on CPU) per batch shard over ``batch_axes`` and head shard over
   ``head_axes`` of the current mesh, in blocks of ``block`` tokens; lowering it for another platform
   raises ``ValueError`` (:func:`only_on`; nothing falls back). ``cudnn`` raises ``ValueError`` when
@@ -142,13 +143,17 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
       raise ValueError(f"model.attention_impl='cudnn' needs a CUDA GPU with cuDNN: {e}") from e
   if impl == "xla":
     return attn_ref.dot_product_attention(q, k, v, mask, scale=scale)
+  frame = None
+  if isinstance(mask, attn_ref.StaticFrameMask):  # splash computes its blocks on the host, no [L, L] array
+    frame, mask = (mask.frames, mask.tokens_per_frame), None
   static = splash_kernel.static_mask(mask)  # [Hm, Lq, Lk] NumPy, or None
   if static is not None and static.shape[0] > 1 and _split_axes(jax.sharding.get_abstract_mesh(), head_axes):
     static = None  # per-head masks follow their heads' shards
   dynamic = mask is not None and static is None
 
   def fn(q, k, v, *m):
-    kernel = functools.partial(splash_kernel.attention, scale=scale, block=block, interpret=interpret)
+    kernel = functools.partial(splash_kernel.attention, scale=scale, block=block, interpret=interpret,
+                               frame_mask=frame)
     mask = m[0] if dynamic else None if static is None else static[None]
     if interpret:
       return kernel(q, k, v, mask)

@@ -9,6 +9,10 @@ True = attend) plus ``block`` and ``interpret``. The mask may be
 - ``None``: splash's ``FullMask``;
 - a NumPy array shared by the batch: static (``NumpyMask``): only the distinct partial blocks are
   kept and the block-sparsity tables are built on the host once;
+- ``frame_mask=(frames, n)`` instead of ``mask``: a static frame-level NumPy mask ``[Sq, Sk]`` of frames of
+  ``n`` tokens (a layout's mask known at trace time): its token blocks are computed on the host one block at
+  a time (:class:`FrameTokenMask`) and only the distinct partial blocks reach the device, so nothing of size
+  ``[Lq, Lk]`` exists anywhere;
 - a ``jax.Array`` (what a traced model has, e.g. the teacher-forcing layout's frame mask expanded to
   tokens, with chunk drop or per-head windows): splash's dynamic mask, whose tables are computed on
   device from the mask and whose partial blocks are the (padded) mask itself.
@@ -65,6 +69,37 @@ def static_mask(mask):
   return np.asarray(m[0], bool)
 
 
+class FrameTokenMask(sa.Mask):
+  """The padded token mask ``[lq_p, lk_p]`` of a frame-level mask ``frames [Sq, Sk]`` (frames of ``n`` tokens,
+  ``lq = Sq*n`` real queries, ``lk = Sk*n`` real keys), computed per requested block: padded keys False, padded
+  query rows True on the real keys (as :func:`_pad_mask`)."""
+
+  def __init__(self, frames, n, padded_shape):
+    self.frames, self.n = np.asarray(frames, bool), int(n)
+    self.lq, self.lk = self.frames.shape[0] * self.n, self.frames.shape[1] * self.n
+    self._shape = tuple(int(x) for x in padded_shape)
+
+  @property
+  def shape(self):
+    return self._shape
+
+  def __getitem__(self, idx):
+    qs, ks = idx
+    rows, cols = np.arange(self._shape[0])[qs], np.arange(self._shape[1])[ks]
+    real_q, real_k = rows < self.lq, cols < self.lk
+    fq = np.minimum(rows // self.n, self.frames.shape[0] - 1)
+    fk = np.minimum(cols // self.n, self.frames.shape[1] - 1)
+    m = self.frames[fq][:, fk] & real_k[None]
+    return np.where(real_q[:, None], m, real_k[None, :])
+
+  def __hash__(self):
+    return hash((self.frames.shape, self.frames.tobytes(), self.n, self._shape))
+
+  def __eq__(self, other):
+    return (isinstance(other, FrameTokenMask) and (self.n, self._shape) == (other.n, other.shape)
+            and self.frames.shape == other.frames.shape and bool((self.frames == other.frames).all()))
+
+
 def _make(mask, **kw):
   """``make_splash_mha`` whose ``is_dynamic_mask`` stays a Python bool: it converts every ``MaskInfo`` leaf
   with ``jnp.array``, which under a trace turns the flag into a tracer its ``__call__`` branches on."""
@@ -77,8 +112,9 @@ def _make(mask, **kw):
   return kernel
 
 
-def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False):
+def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False, frame_mask=None):
   """``softmax(q k^T * scale, masked) v`` per head with splash attention; see the module docstring.
+  ``frame_mask``: ``(frames [Sq, Sk] NumPy bool, tokens_per_frame)`` instead of ``mask``.
 
   Returns ``[B, Lq, H, D]`` in the dtype of ``q``.
   """
@@ -86,6 +122,12 @@ def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False):
   lk = k.shape[1]
   if k.shape != (b, lk, h, d) or v.shape[:3] != (b, lk, h):
     raise ValueError(f"splash: q {q.shape}, k {k.shape}, v {v.shape} must be [B, L, H, D] with equal B, H, D")
+  if frame_mask is not None:
+    if mask is not None:
+      raise ValueError("splash: pass mask or frame_mask, not both")
+    frames, n = np.asarray(frame_mask[0], bool), int(frame_mask[1])
+    if frames.ndim != 2 or (frames.shape[0] * n, frames.shape[1] * n) != (lq, lk):
+      raise ValueError(f"splash: frame_mask {frames.shape} x {n} tokens does not cover {lq} queries x {lk} keys")
   if mask is not None:
     if mask.ndim not in (3, 4) or mask.shape[-2:] != (lq, lk) or mask.shape[0] not in (1, b):
       raise ValueError(f"splash: mask {mask.shape} must be [1 or B, (1 or H,) {lq}, {lk}]")
@@ -99,6 +141,10 @@ def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False):
   qt = jnp.pad((q * scale).astype(q.dtype), ((0, 0), (0, lq_p - lq), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
   kt, vt = (jnp.pad(a, ((0, 0), (0, lk_p - lk), (0, 0), (0, 0))).transpose(0, 2, 1, 3) for a in (k, v))
 
+  if frame_mask is not None:
+    kernel = make(sa.MultiHeadMask([FrameTokenMask(frames, n, (lq_p, lk_p))]))
+    out = jax.vmap(kernel)(qt, kt, vt)
+    return out[:, :, :lq].transpose(0, 2, 1, 3).astype(q.dtype)
   static = None if mask is None else static_mask(mask)
   if mask is None or static is not None:
     if mask is None:

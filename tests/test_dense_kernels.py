@@ -218,6 +218,51 @@ def test_impls_are_checked_and_never_fall_back():
     config_checks.check_model(c)
 
 
+@pytest.mark.parametrize("kind,frames_,chunk,n", [("teacher_forcing", 5, 2, 37), ("diffusion_forcing", 7, 3, 29)])
+def test_splash_with_a_static_frame_mask_matches_and_never_builds_the_token_mask(kind, frames_, chunk, n):
+  """A layout's mask as :class:`StaticFrameMask` (what training passes without chunk drop or head windows):
+  splash's blocks, computed on the host per block, equal the padded token mask; forward and gradients equal the
+  reference; and the traced program holds nothing of the ``[Lq, Lk]`` token mask's size."""
+  from jaxwm.training.layout import make_layout  # pylint: disable=g-import-not-at-top
+  from pallas_kernels import splash_attention as spl  # pylint: disable=g-import-not-at-top
+  frames = make_layout(kind, frames_, chunk).mask
+  static = attn_ref.StaticFrameMask(frames, n)
+  tok = np.asarray(expand_frame_mask(jnp.asarray(frames)[None], n))
+  assert static.shape == tok.shape and np.array_equal(np.asarray(static.tokens()), tok)
+  length = tok.shape[-1]
+  padded = -(-length // 128) * 128
+  lazy = spl.FrameTokenMask(frames, n, (padded, padded))
+  want_padded = spl._pad_mask(tok[0], length, length, padded, padded, np)  # pylint: disable=protected-access
+  for qs, ks in [(slice(0, 128), slice(128, 256)), (slice(128, padded), slice(0, padded)), (slice(None), slice(None))]:
+    np.testing.assert_array_equal(lazy[qs, ks], want_padded[qs, ks])
+  assert hash(attn_ref.StaticFrameMask(frames.copy(), n)) == hash(static) and attn_ref.StaticFrameMask(frames, n) == static
+  assert static != attn_ref.StaticFrameMask(frames, n + 1)
+
+  q, k, v = _qkv(2, length, 2, 16, seed=3)
+  want = reference(q, k, v, jnp.asarray(tok))
+  np.testing.assert_allclose(np.asarray(jax.jit(_splash(static))(q, k, v)), np.asarray(want), atol=2e-6)
+  np.testing.assert_allclose(np.asarray(reference(q, k, v, static)), np.asarray(want), atol=1e-6)
+  cot = jax.random.normal(jax.random.key(4), want.shape)
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(_splash(static)(*a) * cot), (0, 1, 2)))(q, k, v)
+  ref_grads = jax.grad(lambda *a: jnp.sum(reference(*a, jnp.asarray(tok)) * cot), (0, 1, 2))(q, k, v)
+  for name, g, r in zip("qkv", grads, ref_grads):
+    rel = float(jnp.abs(g - r).max() / jnp.abs(r).max())
+    assert rel < 1e-5, (name, rel)
+
+  # At a length where blocks repeat (21 frames of 96 tokens, 16 x 16 blocks), traced only: the static path keeps
+  # its distinct partial blocks, the traced mask path every block of the padded [L, L] mask.
+  big = make_layout(kind, 21, 5).mask
+  q, k, v = (jax.ShapeDtypeStruct((1, big.shape[0] * 96, 2, 16), jnp.float32),) * 3
+  def largest(mask):
+    jaxpr = jax.make_jaxpr(_splash(mask))(q, k, v)
+    sizes = [int(np.prod(x.aval.shape)) for e in jaxpr.eqns for x in (*e.invars, *e.outvars) if hasattr(x, "aval")]
+    return max(sizes + [int(np.size(c)) for c in jaxpr.consts])
+  lp = -(-q.shape[1] // 128) * 128
+  tok_big = expand_frame_mask(jnp.asarray(big)[None], 96)
+  assert largest(tok_big) >= lp * lp
+  assert largest(attn_ref.StaticFrameMask(big, 96)) < lp * lp // 4
+
+
 def test_model_with_splash_equals_xla():
   """The tiny model's teacher-forcing forward with ``attention_impl="splash"`` (interpreted) equals ``xla``."""
   import dataclasses  # pylint: disable=g-import-not-at-top
@@ -239,3 +284,12 @@ def test_model_with_splash_equals_xla():
                                          attention=dataclasses.replace(cfg.attention, interpret=True)))
     outs.append(jax.jit(lambda p, x, m=model: m.apply({"params": p}, x, jnp.zeros(shape[:2]), frames)[0])(params, x))
   np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5)
+  # The layout's own mask travels static (splash never builds the token mask); the same mask given as an
+  # array (what chunk drop makes) takes the traced path: both equal.
+  assert frames.static_mask is not None
+  traced = layout.frames(1, mask=jnp.asarray(layout.mask)[None])
+  assert traced.static_mask is None
+  model = WanModel(dataclasses.replace(cfg, attention_impl="splash",
+                                       attention=dataclasses.replace(cfg.attention, interpret=True)))
+  out = jax.jit(lambda p, x: model.apply({"params": p}, x, jnp.zeros(shape[:2]), traced)[0])(params, x)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(outs[1]), atol=1e-5)

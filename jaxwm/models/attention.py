@@ -45,7 +45,8 @@ def _dense(cfg, q, k, v, tokens):
 class AttentionMask:
   """Which keys each query reads; keys are ``[cache_frames cache slots; own frames]``.
 
-  ``tokens``: token-level bool ``[B, (H,) Lq, Lk]`` for dense attention (None: all);
+  ``tokens``: token-level bool ``[B, (H,) Lq, Lk]`` for dense attention (None: all), or instead ``static``, a
+  :class:`jaxwm.ops.attention.StaticFrameMask` with the same meaning, known at trace time;
   ``history``: ``[B, Sq, Sk]`` bool frames frame-sparse attention selects from (never the own
   chunk); ``local``: ``[B, Sq, C]`` int own-chunk key frames (-1 pads); ``tokens_per_frame``,
   ``cache_frames``: static.
@@ -55,6 +56,15 @@ class AttentionMask:
   local: jax.Array = None
   tokens_per_frame: int = flax.struct.field(pytree_node=False, default=1)
   cache_frames: int = flax.struct.field(pytree_node=False, default=0)
+  static: object = flax.struct.field(pytree_node=False, default=None)  # StaticFrameMask instead of tokens
+
+  def dense(self):
+    """The mask dense attention takes: the static frame mask, else ``tokens``."""
+    return self.static if self.static is not None else self.tokens
+
+  def token_mask(self):
+    """``tokens``, built from the static frame mask when that is what this mask holds."""
+    return self.static.tokens() if self.static is not None else self.tokens
 
   def own_chunk(self):
     """``local`` as indices into the own frames alone (hybrid layers read no cache keys)."""
@@ -89,7 +99,7 @@ class Attention(nn.Module):
     enc = cfg.encoding
     plan = ChannelPlan(cfg.camera, d)
     if enc.per_view_keys:
-      out, own = enc.attend(cfg, x, q, k, v, queries, cached, cache_kv, mask.tokens if mask else None, plan)
+      out, own = enc.attend(cfg, x, q, k, v, queries, cached, cache_kv, mask.token_mask() if mask else None, plan)
       return to_out(out.reshape(out.shape[:2] + (cfg.dim,))), own, None
     params = enc.attention_params(cfg)
     own = {"k": k, "v": v}
@@ -111,7 +121,7 @@ class Attention(nn.Module):
       frame_idx = jnp.concatenate([jnp.broadcast_to(mask.local, selected.shape[:2] + mask.local.shape[-1:]),
                                    selected], -1)
     else:
-      out = _dense(cfg, q, k, v, None if mask is None else mask.tokens)
+      out = _dense(cfg, q, k, v, None if mask is None else mask.dense())
     if self.is_mutable_collection("intermediates") and self.kind == "softmax":  # analysis only
       self._sow_weights(q, k, mask, frame_idx)
     out, residual = enc.decode(out, queries.cam, plan, params)
@@ -121,7 +131,7 @@ class Attention(nn.Module):
   def _sow_weights(self, q, k, mask, frame_idx):
     """Sows the head-averaged attention weights ``[B, Lq, Lk]`` as ``intermediates/.../attn_weights``;
     for frame-sparse attention over the selected and own-chunk frames only."""
-    tokens = None if mask is None else mask.tokens
+    tokens = None if mask is None else mask.token_mask()
     if frame_idx is not None:
       fk = k.shape[1] // mask.tokens_per_frame
       tokens = expand_frame_mask(frame_sparse.indices_to_mask(frame_idx, fk), mask.tokens_per_frame)

@@ -53,12 +53,16 @@ class Frames:
       frame's own chunk, -1 pads. Frame-sparse attention always attends them and selects among the
       rest of ``mask`` (ViewRope Eq. 11); LOCI hybrid blocks attend them only.
     plan: LOCI's static :class:`jaxwm.models.loci.MemoryPlan` (chunk and writer flag per frame).
+    static_mask: ``mask`` as a :class:`jaxwm.ops.attention.StaticFrameMask` when it is known at trace time and
+      shared by the batch (a training layout's own mask); dense attention then passes it to the kernel, which
+      need not build the token mask (splash).
   """
   pos: jax.Array
   cameras: Cameras = None
   mask: jax.Array = None
   local: jax.Array = None
   plan: object = flax.struct.field(pytree_node=False, default=None)
+  static_mask: object = flax.struct.field(pytree_node=False, default=None)
 
   @classmethod
   def sequence(cls, batch, num_frames, **kw):

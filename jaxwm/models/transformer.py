@@ -273,6 +273,9 @@ class WanModel(nn.Module):
         raise ValueError("per-head masks (head windows) are not supported with frame-sparse attention")
       mask = jnp.broadcast_to(mask, (b, s, mask.shape[-1]))
       history = mask & ~frame_sparse.indices_to_mask(local, mask.shape[-1])
+    elif frames.static_mask is not None and cfg.num_softmax_layers and not cache_frames:
+      static = frames.static_mask.with_tokens_per_frame(n)
+      return AttentionMask(local=local, tokens_per_frame=n, static=static)
     elif mask is not None and cfg.num_softmax_layers:
       tokens = expand_frame_mask(mask, n)
     return AttentionMask(tokens=tokens, history=history, local=local, tokens_per_frame=n, cache_frames=cache_frames)

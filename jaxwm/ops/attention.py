@@ -4,10 +4,12 @@ The model dispatches through ``jaxwm.kernels.dot_product_attention`` (``model.at
 TPU splash attention (``pallas_kernels.splash_attention``) to the names here.
 """
 
+import dataclasses
 import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 IMPLS = ("xla", "cudnn", "auto")
 
@@ -22,13 +24,51 @@ def resolve_impl(impl):
   return impl
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class StaticFrameMask:
+  """A frame-level mask known when tracing (a layout's, with no chunk drop or head windows): ``frames`` bool
+  NumPy ``[Sq, Sk]``, each frame ``tokens_per_frame`` consecutive tokens. As a mask it stands for the token mask
+  ``[1, Sq*N, Sk*N]`` (:meth:`tokens`); hashable, so it can be static in a traced pytree. Kernels may use it
+  without ever building the token mask (splash: its blocks computed on the host)."""
+  frames: np.ndarray
+  tokens_per_frame: int = 1
+
+  def __post_init__(self):
+    object.__setattr__(self, "frames", np.asarray(self.frames, bool))
+    if self.frames.ndim != 2:
+      raise ValueError(f"StaticFrameMask.frames must be [Sq, Sk]; got shape {self.frames.shape}")
+
+  def __hash__(self):
+    return hash((self.frames.shape, self.frames.tobytes(), self.tokens_per_frame))
+
+  def __eq__(self, other):
+    return (isinstance(other, StaticFrameMask) and self.tokens_per_frame == other.tokens_per_frame
+            and self.frames.shape == other.frames.shape and bool((self.frames == other.frames).all()))
+
+  @property
+  def shape(self):
+    sq, sk = self.frames.shape
+    return (1, sq * self.tokens_per_frame, sk * self.tokens_per_frame)
+
+  ndim = 3
+
+  def with_tokens_per_frame(self, n):
+    return dataclasses.replace(self, tokens_per_frame=int(n))
+
+  def tokens(self):
+    """The token mask ``[1, Sq*N, Sk*N]`` bool (a broadcast of the frame mask, for XLA to fuse)."""
+    n, (sq, sk) = self.tokens_per_frame, self.frames.shape
+    m = jnp.asarray(self.frames)[None, :, None, :, None]
+    return jnp.broadcast_to(m, (1, sq, n, sk, n)).reshape(self.shape)
+
+
 def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
   """``softmax(q k^T * scale + log(mask)) v`` per head.
 
   Args:
     q: ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``.
     mask: bool, broadcastable to ``[B, Lq, Lk]`` or per head ``[B, H, Lq, Lk]`` (True = attend),
-      or None (dense). Every query must attend to at least one key.
+      a :class:`StaticFrameMask`, or None (dense). Every query must attend to at least one key.
     scale: defaults to ``D ** -0.5``.
     impl: ``"xla"`` (this reference), ``"cudnn"`` (``jax.nn.dot_product_attention`` with
       cuDNN, GPU only) or ``"auto"``.
@@ -38,6 +78,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
   """
   impl = resolve_impl(impl)
   scale = q.shape[-1] ** -0.5 if scale is None else scale
+  if isinstance(mask, StaticFrameMask):
+    mask = mask.tokens()
   if impl == "cudnn":
     m = None
     if mask is not None:
@@ -67,6 +109,8 @@ def pad_to_even(q, k, v, mask):
 def attention_weights(q, k, mask=None, *, scale=None):
   """The softmax weights ``[B, H, Lq, Lk]`` (float32) of :func:`dot_product_attention` (same arguments)."""
   scale = q.shape[-1] ** -0.5 if scale is None else scale
+  if isinstance(mask, StaticFrameMask):
+    mask = mask.tokens()
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
   if mask is not None:
     logits = jnp.where(mask[:, None] if mask.ndim == 3 else mask, logits, -jnp.inf)

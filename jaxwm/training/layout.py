@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxwm.models.conditioning import Frames
 from jaxwm.models.loci import MemoryPlan
+from jaxwm.ops.attention import StaticFrameMask
 
 
 def chunk_ids(num_frames, chunk_size):
@@ -61,12 +62,14 @@ class TeacherForcingLayout:
 
   def frames(self, batch, cameras=None, mask=None):
     """:class:`jaxwm.models.conditioning.Frames` of the sequence for ``batch`` rows: positions, the
-    layout's ``mask`` (or the given one, e.g. with chunk drop), ``local`` and LOCI's memory plan;
+    layout's ``mask`` (also as ``static_mask``; or the given one, e.g. with chunk drop), ``local`` and LOCI's
+    memory plan;
     ``cameras``: :class:`Cameras` of the sequence positions (clip frames ``frame_pos``)."""
     n = len(self.frame_pos)
     return Frames(pos=jnp.broadcast_to(jnp.asarray(self.frame_pos, jnp.float32), (batch, n)), cameras=cameras,
                   mask=jnp.asarray(self.mask)[None] if mask is None else mask, local=jnp.asarray(self.local)[None],
-                  plan=MemoryPlan.make(self.chunk, self.writer))
+                  plan=MemoryPlan.make(self.chunk, self.writer),
+                  static_mask=StaticFrameMask(self.mask) if mask is None else None)
 
 
 def diffusion_forcing_layout(num_frames, chunk_size):

@@ -70,7 +70,10 @@ def make_loss_fn(model, layout, recipe, latent_stride, null_text=None):
   windows = recipe.get("head_windows", {})
 
   def step_mask(key, step, routing):
-    """The layout mask with this step's chunk drop and per-head windows (ReWorld §2.2-2.3)."""
+    """The layout mask with this step's chunk drop and per-head windows (ReWorld §2.2-2.3); None (the layout's
+    static mask) without either."""
+    if not (drop.get("enabled", False) or windows.get("enabled", False)):
+      return None
     m = mask[0]
     if drop.get("enabled", False):
       m = augment.chunk_drop_mask(jax.random.fold_in(key, 2), m, layout.chunk, drop.get("keep", 5),
