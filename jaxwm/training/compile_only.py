@@ -180,7 +180,8 @@ def model_flops(model_cfg, params, tokens, keys, context=0, backward=True, frame
       else:
         matmul += int(np.prod(a.shape))
   keys = [keys] * model_cfg.num_layers if np.ndim(keys) == 0 else list(keys)
-  fwd = 2.0 * matmul * tokens + 2.0 * on_context * context + 2.0 * on_frames * (frames or 0) + 4.0 * tokens * sum(keys) * model_cfg.dim
+  fwd = (2.0 * matmul * tokens + 2.0 * on_context * context + 2.0 * on_frames * (frames or 0)
+         + 4.0 * tokens * sum(keys) * model_cfg.dim)
   if context and model_cfg.cross_attn:
     fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
   if not backward:
