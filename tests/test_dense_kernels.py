@@ -235,7 +235,8 @@ def test_splash_with_a_static_frame_mask_matches_and_never_builds_the_token_mask
   want_padded = spl._pad_mask(tok[0], length, length, padded, padded, np)  # pylint: disable=protected-access
   for qs, ks in [(slice(0, 128), slice(128, 256)), (slice(128, padded), slice(0, padded)), (slice(None), slice(None))]:
     np.testing.assert_array_equal(lazy[qs, ks], want_padded[qs, ks])
-  assert hash(attn_ref.StaticFrameMask(frames.copy(), n)) == hash(static) and attn_ref.StaticFrameMask(frames, n) == static
+  same = attn_ref.StaticFrameMask(frames.copy(), n)
+  assert hash(same) == hash(static) and same == static
   assert static != attn_ref.StaticFrameMask(frames, n + 1)
 
   q, k, v = _qkv(2, length, 2, 16, seed=3)
