@@ -21,15 +21,7 @@ from jaxwm.encodings.rope3d import apply_rotary
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.layers import RMSNorm, batch_mesh_axes, dense
 from jaxwm.ops import frame_sparse
-from jaxwm.ops.attention import attention_weights
-
-
-def expand_frame_mask(mask, tokens_per_frame):
-  """Frame-level ``[B, (H,) Sq, Sk]`` bool mask -> token-level ``[B, (H,) Sq*N, Sk*N]``."""
-  *lead, sq, sk = mask.shape
-  n = tokens_per_frame
-  m = jnp.broadcast_to(mask[..., :, None, :, None], (*lead, sq, n, sk, n))
-  return m.reshape(*lead, sq * n, sk * n)
+from jaxwm.ops.attention import attention_weights, expand_frame_mask
 
 
 def _dense(cfg, q, k, v, tokens):

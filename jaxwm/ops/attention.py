@@ -24,6 +24,14 @@ def resolve_impl(impl):
   return impl
 
 
+def expand_frame_mask(mask, tokens_per_frame):
+  """Frame-level ``[B, (H,) Sq, Sk]`` bool mask -> token-level ``[B, (H,) Sq*N, Sk*N]``."""
+  *lead, sq, sk = mask.shape
+  n = tokens_per_frame
+  m = jnp.broadcast_to(mask[..., :, None, :, None], (*lead, sq, n, sk, n))
+  return m.reshape(*lead, sq * n, sk * n)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class StaticFrameMask:
   """A frame-level mask known when tracing (a layout's, with no chunk drop or head windows): ``frames`` bool
@@ -57,9 +65,7 @@ class StaticFrameMask:
 
   def tokens(self):
     """The token mask ``[1, Sq*N, Sk*N]`` bool (a broadcast of the frame mask, for XLA to fuse)."""
-    n, (sq, sk) = self.tokens_per_frame, self.frames.shape
-    m = jnp.asarray(self.frames)[None, :, None, :, None]
-    return jnp.broadcast_to(m, (1, sq, n, sk, n)).reshape(self.shape)
+    return expand_frame_mask(jnp.asarray(self.frames)[None], self.tokens_per_frame)
 
 
 def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
