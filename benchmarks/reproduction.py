@@ -28,7 +28,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MAIN_ARMS = ("rope3d", "gta", "viewrope", "sliding_window", "frame_topk", "loci")
+MAIN_ARMS = ("rope3d", "gta", "viewrope", "sliding_window", "frame_topk", "loci", "viewrope_df")
 STAGES = ("stage1", "stage2", "stage3", "stage4")
 LANDMARK = {"recent": 1, "retrieved": 1, "stride": 0.5}
 CKPT_EVERY = 1000  # an interrupted arm resumes from its last checkpoint
@@ -259,11 +259,13 @@ def report(args, seeds):
 
   lines += ["", "## Sparsity, recurrent memory and the progressive recipe", "",
             "Paired differences (first arm minus second) on the loops; an interval above 0 favours the first arm. "
-            "`sliding_window` and `frame_topk` attend 3 history frames; `viewrope` is the dense arm.", "",
+            "`sliding_window` and `frame_topk` attend 3 history frames; `viewrope` is the dense arm; `loci - "
+            "viewrope_df` isolates the recurrent memory (same diffusion-forcing layout), `viewrope_df - viewrope` "
+            "the layout.", "",
             "| comparison | return_psnr diff | return_ssim diff | psnr diff (all frames) |",
             "| --- | --- | --- | --- |"]
   for a, b in (("frame_topk", "sliding_window"), ("frame_topk", "viewrope"), ("sliding_window", "viewrope"),
-               ("loci", "viewrope"), ("stage4", "frame_topk")):
+               ("loci", "viewrope"), ("loci", "viewrope_df"), ("viewrope_df", "viewrope"), ("stage4", "frame_topk")):
     if any((a, s) in results for s in seeds) and any((b, s) in results for s in seeds):
       lines.append(f"| {a} - {b} | " + " | ".join(_fmt(paired(a, b, "loops", "loops", m))
                                                   for m in ("return_psnr", "return_ssim", "psnr")) + " |")

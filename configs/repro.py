@@ -12,6 +12,8 @@ named ingredient changes:
   ``viewrope`` is the dense arm;
 - ``loci``: the LOCI hybrid (blocks 1 and 3 trade history softmax for delta-rule memory,
   chunk-wise diffusion forcing);
+- ``viewrope_df``: the dense ViewRope arm trained with LOCI's diffusion-forcing layout, the
+  softmax counterpart of ``loci`` (only the layout differs from ``viewrope``, only the memory from ``loci``);
 - ``stage1`` .. ``stage4``: ViewRope §3.4's progressive recipe as a sequence of configs, each
   starting from the previous stage's parameters (``train.init_from``): I short clips, teacher
   forcing, no camera encoding; II ViewRope on; III frame-sparse attention on, moderate clips;
@@ -20,7 +22,8 @@ named ingredient changes:
 
 from configs import tiny
 
-ARMS = ("rope3d", "gta", "viewrope", "sliding_window", "frame_topk", "loci", "stage1", "stage2", "stage3", "stage4")
+ARMS = ("rope3d", "gta", "viewrope", "sliding_window", "frame_topk", "loci", "viewrope_df",
+        "stage1", "stage2", "stage3", "stage4")
 BUDGET = 3  # history frames for sliding_window / frame_topk
 STAGE_FRACTION = 0.25  # each progressive stage trains this share of train.num_steps
 
@@ -37,6 +40,8 @@ def get_config(arm="viewrope"):
     c.model.attention.sparsity = arm
   elif arm == "loci":
     c.model.loci.enabled = True
+    c.recipe.layout = "diffusion_forcing"
+  elif arm == "viewrope_df":
     c.recipe.layout = "diffusion_forcing"
   elif arm.startswith("stage"):
     n = int(arm[-1])
