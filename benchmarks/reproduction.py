@@ -151,6 +151,13 @@ def _eval_one(args, arm, seed):
   print(f"[eval] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
 
 
+def _softmax_blocks(arm):
+  """The blocks of ``arm`` with a history softmax (the rows of its attention probe)."""
+  from configs import repro  # pylint: disable=g-import-not-at-top
+  m = repro.get_config(arm).model
+  return [i for i in range(m.num_layers) if not (m.loci.enabled and i in m.loci.blocks)]
+
+
 def _bootstrap(values, n=2000, rng=None):
   """Mean and 95% percentile interval of ``values [seeds, clips]`` resampling seeds, then clips."""
   v = np.asarray(values, float)
@@ -181,6 +188,9 @@ def report(args, seeds):
   results = {}
   for p in sorted(res_dir.glob("*.json")):
     d = json.loads(p.read_text())
+    for row in d["settings"]["loops"]:
+      if "probe_frames" in row and "layers" not in row["probe_frames"]:  # runs evaluated before it was recorded
+        row["probe_frames"]["layers"] = _softmax_blocks(d["arm"])
     results[(d["arm"], d["seed"])] = d
   wanted = [(a, s) for a, s in _ordered_jobs(args, seeds) if _evaluated(a)]
   missing = [f"{a} s{s}" for a, s in wanted if (a, s) not in results]

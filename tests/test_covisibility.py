@@ -90,6 +90,7 @@ def test_probe_weights_on_the_tiny_checkpoint(tiny_checkpoint):
   pr = attention_weights(model, variables, lat, cams, f - 1, config.recipe.chunk_size)
   w = pr["weights"]  # [L, N, Fk, N]
   assert w.shape[0] == model.cfg.num_layers and w.shape[2] == len(pr["key_frames"])
+  assert pr["layers"] == list(range(model.cfg.num_layers))
   np.testing.assert_allclose(w.sum(axis=(2, 3)), 1.0, rtol=1e-5)
   # Keys the layout masks (later clean frames, other noisy chunks) get nothing; the history gets something.
   reach = pr["history"] | (np.arange(len(pr["history"])) >= len(pr["history"]) - config.recipe.chunk_size)

@@ -195,3 +195,14 @@ def test_loci_config_errors():
     LociConfig(alpha_min=1.5)
   with pytest.raises(ValueError, match="unknown model.loci config key"):
     ModelConfig.from_dict({"loci": {"enable": True}})
+
+
+def test_attention_probe_names_the_softmax_blocks(data):
+  """The co-visibility probe reads the history softmax of blocks 0 and 2 only; it says which they are."""
+  from jaxwm.evaluation.attention_probe import attention_weights  # pylint: disable=g-import-not-at-top
+  model = WanModel(_cfg(blocks=(1,)))
+  variables, _ = _init(model, data)
+  cams = {"c2w": data["c2w"][:1], "intrinsics": data["k"][:1]}
+  pr = attention_weights(model, variables, data["clip"][:1], cams, FRAMES - 1, CHUNK)
+  assert pr["layers"] == [0, 2] and pr["weights"].shape[0] == 2
+  np.testing.assert_allclose(pr["weights"].sum(axis=(2, 3)), 1.0, rtol=1e-5)

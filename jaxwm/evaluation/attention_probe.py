@@ -21,7 +21,8 @@ def attention_weights(model, variables, latents, cameras, query_frame, chunk_siz
 
   Returns:
     dict: ``weights [L, N, Fk, N]`` over the softmax layers (LOCI hybrid layers have no history
-    softmax) (query token, key sequence frame, key token), ``key_frames [Fk]``
+    softmax) (query token, key sequence frame, key token), ``layers [L]`` (the model block of each
+    row of ``weights``), ``key_frames [Fk]``
     (clip frame of each key position), ``history [Fk]`` bool, ``selected`` (``[L, k]`` history
     frames of frame-sparse models, else None).
   """
@@ -48,16 +49,18 @@ def attention_weights(model, variables, latents, cameras, query_frame, chunk_siz
   (_, entries), state = model.apply(variables, seq, ts, lay.frames(1, cams), mutable=["intermediates"],
                                     rngs={"frame_select": jax.random.fold_in(key, 1)})
   groups = state["intermediates"]  # one entry per stack of softmax layers, in layer order
-  w = jnp.concatenate([leaf for name in sorted(groups, key=_layer_start)
-                       for path, leaf in jax.tree_util.tree_leaves_with_path(groups[name])
-                       if "attn_weights" in jax.tree_util.keystr(path)])
+  leaves = [(_layer_start(name), leaf) for name in sorted(groups, key=_layer_start)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(groups[name])
+            if "attn_weights" in jax.tree_util.keystr(path)]
+  w = jnp.concatenate([leaf for _, leaf in leaves])
+  layers = [start + j for start, leaf in leaves for j in range(leaf.shape[0])]
   n = w.shape[-1] // len(seq_frames)
   w = np.asarray(w[:, 0, p * n:(p + 1) * n]).reshape(w.shape[0], n, len(seq_frames), n)
   local = lay.local[p][lay.local[p] >= 0]
   history = lay.mask[p].copy()
   history[local] = False
   sel = entries.selected
-  return {"weights": w, "key_frames": seq_frames, "history": history,
+  return {"weights": w, "key_frames": seq_frames, "history": history, "layers": layers,
           "selected": None if sel is None else np.asarray(sel[:, 0, p])}
 
 

@@ -167,6 +167,7 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
                  covis_excluded=cov["excluded"], covis_layers=cov["layers"])
       if i == 0:  # kept for the figures
         row["probe_frames"] = {"key_frames": pr["key_frames"].tolist(), "history": pr["history"].tolist(),
+                               "layers": pr["layers"],
                                "mass_per_frame": pr["weights"].sum(axis=(1, 3)).tolist(),
                                "selected": None if pr["selected"] is None else pr["selected"].tolist()}
     rows.append(row)
@@ -253,10 +254,10 @@ def figures(out, results, family):
       mass = np.asarray(pf["mass_per_frame"])  # [L, Fk]
       mass = np.where(np.asarray(pf["history"])[None], mass, np.nan)
       tag = name.replace(" ", "_").replace("=", "")
-      paths.append(plots.heat_map(f"{out}_{tag}_attention.png", mass, row_labels=[f"layer {l}" for l in
-                                                                                 range(len(mass))],
+      layers = pf.get("layers", range(len(mass)))  # model block of each row (LOCI: softmax blocks only)
+      paths.append(plots.heat_map(f"{out}_{tag}_attention.png", mass, row_labels=[f"block {l}" for l in layers],
                                   col_labels=pf["key_frames"], title=f"{name}: return-frame attention on history",
-                                  xlabel="history (key) frame", ylabel="layer", cbar_label="attention mass / row max",
+                                  xlabel="history (key) frame", ylabel="block", cbar_label="attention mass / row max",
                                   nan_label="not in history"))
       if pf["selected"] is not None:  # frame-sparse: the return frame's selection per layer (ViewRope Fig. 3)
         from jaxwm.evaluation.selection_plot import save_selection_maps  # pylint: disable=g-import-not-at-top
