@@ -129,8 +129,9 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
 
   ``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]``, ``mask`` bool ``[1 or B, (1 or H,) Lq, Lk]`` (True = attend;
   NumPy: a static splash mask; a :class:`jaxwm.ops.attention.StaticFrameMask`: static and frame-level, never
-  materialised by splash; None: all) -> ``[B, Lq, H, D]`` in ``q``'s dtype. ``splash`` runs on a TPU
-  (or with ``interpret=True`` on CPU) per batch shard over ``batch_axes`` and head shard over
+  materialised by splash; a :class:`jaxwm.ops.attention.FrameMask`: traced and frame-level, splash tiles frames
+  with its blocks and never builds the token mask; None: all) -> ``[B, Lq, H, D]`` in ``q``'s dtype. ``splash``
+  runs on a TPU (or with ``interpret=True`` on CPU) per batch shard over ``batch_axes`` and head shard over
   ``head_axes`` of the current mesh, in blocks of ``block`` tokens; lowering it for another platform
   raises ``ValueError`` (:func:`only_on`; nothing falls back). ``cudnn`` raises ``ValueError`` when
   traced where jax finds no cuDNN.
@@ -143,18 +144,21 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
       raise ValueError(f"model.attention_impl='cudnn' needs a CUDA GPU with cuDNN: {e}") from e
   if impl == "xla":
     return attn_ref.dot_product_attention(q, k, v, mask, scale=scale)
-  frame = None
+  frame, per_frame = None, None
   if isinstance(mask, attn_ref.StaticFrameMask):  # splash computes its blocks on the host, no [L, L] array
     frame, mask = (mask.frames, mask.tokens_per_frame), None
+  elif isinstance(mask, attn_ref.FrameMask):  # traced: frame-aligned blocks, tables from the frame mask
+    per_frame, mask = mask.tokens_per_frame, mask.frames
   static = splash_kernel.static_mask(mask)  # [Hm, Lq, Lk] NumPy, or None
   if static is not None and static.shape[0] > 1 and _split_axes(jax.sharding.get_abstract_mesh(), head_axes):
     static = None  # per-head masks follow their heads' shards
   dynamic = mask is not None and static is None
 
   def fn(q, k, v, *m):
-    kernel = functools.partial(splash_kernel.attention, scale=scale, block=block, interpret=interpret,
-                               frame_mask=frame)
     mask = m[0] if dynamic else None if static is None else static[None]
+    fm = frame if per_frame is None else (mask, per_frame)
+    mask = None if per_frame is not None else mask
+    kernel = functools.partial(splash_kernel.attention, scale=scale, block=block, interpret=interpret, frame_mask=fm)
     if interpret:
       return kernel(q, k, v, mask)
     return only_on("tpu", "model.attention_impl='splash' (a TPU kernel; model.attention.interpret=True runs it on "

@@ -13,9 +13,15 @@ True = attend) plus ``block`` and ``interpret``. The mask may be
   ``n`` tokens (a layout's mask known at trace time): its token blocks are computed on the host one block at
   a time (:class:`FrameTokenMask`) and only the distinct partial blocks reach the device, so nothing of size
   ``[Lq, Lk]`` exists anywhere;
-- a ``jax.Array`` (what a traced model has, e.g. the teacher-forcing layout's frame mask expanded to
-  tokens, with chunk drop or per-head windows): splash's dynamic mask, whose tables are computed on
-  device from the mask and whose partial blocks are the (padded) mask itself.
+- ``frame_mask=(frames, n)`` with ``frames`` a traced ``jax.Array [Bm, (Hm,) Sq, Sk]`` (a layout's mask with
+  this step's chunk drop or per-head windows, ReWorld's recipe): each frame's tokens are padded to a multiple
+  of 128 and the blocks tile frames exactly (:func:`frame_blocks`), so every block is one frame pair: empty,
+  full, or (a frame's last key block, when padded) the one static "real keys" pattern. The block tables are
+  computed on device from the frame mask (``[Hm, Sq*r, Sk*r]`` small integers); nothing of size ``[Lq, Lk]``
+  exists, whatever the heads. Its backward is splash's separate dq and dkv kernels (the fused one holds a dq
+  partial per key block, large with frame-sized blocks);
+- a ``jax.Array`` token mask: splash's dynamic mask, whose tables are computed on device from the mask and
+  whose partial blocks are the (padded) mask itself (``[Hm, Lq, Lk]`` in the kernel's memory).
 
 Sequences are padded to a multiple of the block: padded keys are masked out (by the mask, or
 by segment ids for ``FullMask``), padded query rows attend to every real key and are sliced off.
@@ -31,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
 
 LANES = 128
 
@@ -100,6 +108,78 @@ class FrameTokenMask(sa.Mask):
             and self.frames.shape == other.frames.shape and bool((self.frames == other.frames).all()))
 
 
+def frame_blocks(n, block=512):
+  """``(padded, blk)``: frames of ``n`` tokens padded to ``padded`` (``n`` rounded up to 128) and the splash block
+  ``blk``, the largest multiple of 128 that divides ``padded`` and is at most ``max(block, 128)``."""
+  padded = _round_up(n, LANES)
+  return padded, max(b for b in range(LANES, max(min(block, padded), LANES) + 1, LANES) if padded % b == 0)
+
+
+def _smallest_int(limit):
+  return np.int8 if limit <= np.iinfo(np.int8).max else np.int16 if limit <= np.iinfo(np.int16).max else np.int32
+
+
+def frame_mask_info(frames, n, blk, padded, dkv=False):
+  """Splash ``MaskInfo`` of a traced frame mask ``[Hm, Sq, Sk]`` over blocks of ``blk`` tokens, frames of ``n``
+  real tokens padded to ``padded``: block ``(i, j)`` is frame pair ``(i // r, j // r)``, ``r = padded // blk``.
+  ``block_mask`` 0 (frames masked), 2 (visible, all keys real), 1 (visible, the frame's last key block with
+  padded keys: partial pattern 0, keys ``< n - (r - 1) * blk``); ``data_next`` the next visible key block of the
+  row (query block of the column for ``dkv``, splash's backward order), so empty steps prefetch useful data."""
+  r = padded // blk
+  vis = jnp.repeat(jnp.repeat(jnp.asarray(frames, bool), r, axis=-2), r, axis=-1)  # [Hm, Sq*r, Sk*r]
+  _, nq, nk = vis.shape
+  real_cols = n - (r - 1) * blk
+  partial = (np.arange(nk) % r == r - 1) & (real_cols < blk)  # [nk] static
+  block_mask = jnp.where(vis, jnp.where(jnp.asarray(partial)[None, None], 1, 2), 0).astype(np.int8)
+  axis, count = (1, nq) if dkv else (2, nk)
+  idx = jnp.arange(count, dtype=jnp.int32).reshape((1, count, 1) if dkv else (1, 1, count))
+  nxt = jax.lax.cummin(jnp.where(vis, idx, count), axis=axis, reverse=True)
+  data_next = jnp.where(nxt == count, 0, nxt).astype(_smallest_int(count))
+  has_partial = bool(partial.any())
+  keys = np.arange(blk) < real_cols
+  pattern = np.broadcast_to(keys[:, None] if dkv else keys[None, :], (1, blk, blk))  # dkv: [key, query] blocks
+  return smi.MaskInfo(data_next=data_next, mask_next=jnp.zeros_like(block_mask) if has_partial else None,
+                      block_mask=block_mask, partial_mask_blocks=jnp.asarray(pattern) if has_partial else None,
+                      q_sequence=None, is_dynamic_mask=True)
+
+
+def _frame_kernel(frames, n, blk, padded, sizes, interpret):
+  """A splash kernel over frame-aligned blocks for one traced frame mask ``[Hm, Sq, Sk]``."""
+  fwd = frame_mask_info(frames, n, blk, padded)  # the dq kernel walks the blocks in the forward's order
+  dkv = frame_mask_info(frames, n, blk, padded, dkv=True)
+  return sk.SplashAttentionKernel(fwd, fwd, dkv, block_sizes=sizes, is_mqa=False, save_residuals=False,
+                                  mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
+                                  residual_checkpoint_name=None, mask_function=None, interpret=interpret)
+
+
+def _frame_attention(q, k, v, frames, n, scale, block, interpret):
+  """Splash over a traced frame mask ``[Bm, (Hm,) Sq, Sk]`` (module docstring); ``q [B, Sq*n, H, D]``."""
+  b, lq, h, d = q.shape
+  frames = jnp.asarray(frames, bool)
+  frames = frames[:, None] if frames.ndim == 3 else frames  # [Bm, Hm, Sq, Sk]
+  sq, sk = frames.shape[-2:]
+  if frames.shape[0] not in (1, b) or frames.shape[1] not in (1, h) or (sq * n, sk * n) != (lq, k.shape[1]):
+    raise ValueError(f"splash: frame_mask {frames.shape} x {n} tokens does not cover {lq} queries x {k.shape[1]} "
+                     f"keys of {b} examples and {h} heads")
+  padded, blk = frame_blocks(n, block)
+  # Separate dq and dkv backward kernels: the fused one keeps a dq partial per key block ([Lk / blk, H, Lq, D]),
+  # which frame-sized blocks make large (BENCHMARKS.md: 13.5 vs 1.0 GiB at ReWorld's 22k tokens, 24 heads).
+  sizes = sa.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
+                        block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk, use_fused_bwd_kernel=False)
+
+  def per_frame(x, s):  # [B, s*n, H, D] -> [B, H, s*padded, D]
+    x = jnp.pad(x.reshape(b, s, n, h, d), ((0, 0), (0, 0), (0, padded - n), (0, 0), (0, 0)))
+    return x.reshape(b, s * padded, h, d).transpose(0, 2, 1, 3)
+
+  qt, kt, vt = per_frame((q * scale).astype(q.dtype), sq), per_frame(k, sk), per_frame(v, sk)
+  if frames.shape[0] == 1:
+    out = jax.vmap(_frame_kernel(frames[0], n, blk, padded, sizes, interpret))(qt, kt, vt)
+  else:  # one mask per example: its own block tables
+    out = jax.lax.map(lambda a: _frame_kernel(a[0], n, blk, padded, sizes, interpret)(*a[1:]), (frames, qt, kt, vt))
+  out = out.transpose(0, 2, 1, 3).reshape(b, sq, padded, h, d)[:, :, :n]
+  return out.reshape(b, lq, h, d).astype(q.dtype)
+
+
 def _make(mask, **kw):
   """``make_splash_mha`` whose ``is_dynamic_mask`` stays a Python bool: it converts every ``MaskInfo`` leaf
   with ``jnp.array``, which under a trace turns the flag into a tracer its ``__call__`` branches on."""
@@ -114,7 +194,8 @@ def _make(mask, **kw):
 
 def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False, frame_mask=None):
   """``softmax(q k^T * scale, masked) v`` per head with splash attention; see the module docstring.
-  ``frame_mask``: ``(frames [Sq, Sk] NumPy bool, tokens_per_frame)`` instead of ``mask``.
+  ``frame_mask``: ``(frames, tokens_per_frame)`` instead of ``mask``, ``frames`` a NumPy bool ``[Sq, Sk]``
+  (static) or a ``jax.Array [Bm, (Hm,) Sq, Sk]`` (traced).
 
   Returns ``[B, Lq, H, D]`` in the dtype of ``q``.
   """
@@ -122,9 +203,12 @@ def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False, fra
   lk = k.shape[1]
   if k.shape != (b, lk, h, d) or v.shape[:3] != (b, lk, h):
     raise ValueError(f"splash: q {q.shape}, k {k.shape}, v {v.shape} must be [B, L, H, D] with equal B, H, D")
+  scale = d**-0.5 if scale is None else scale
   if frame_mask is not None:
     if mask is not None:
       raise ValueError("splash: pass mask or frame_mask, not both")
+    if isinstance(frame_mask[0], jax.Array):  # traced: frame-aligned blocks
+      return _frame_attention(q, k, v, frame_mask[0], int(frame_mask[1]), scale, block, interpret)
     frames, n = np.asarray(frame_mask[0], bool), int(frame_mask[1])
     if frames.ndim != 2 or (frames.shape[0] * n, frames.shape[1] * n) != (lq, lk):
       raise ValueError(f"splash: frame_mask {frames.shape} x {n} tokens does not cover {lq} queries x {lk} keys")
@@ -133,7 +217,6 @@ def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False, fra
       raise ValueError(f"splash: mask {mask.shape} must be [1 or B, (1 or H,) {lq}, {lk}]")
     if mask.ndim == 4 and mask.shape[1] not in (1, h):
       raise ValueError(f"splash: mask {mask.shape} has {mask.shape[1]} heads; expected 1 or {h}")
-  scale = d**-0.5 if scale is None else scale
   sizes = block_sizes(lq, lk, block)
   lq_p, lk_p = _round_up(lq, sizes.block_q), _round_up(lk, sizes.block_kv)
   make = functools.partial(_make, block_sizes=sizes, interpret=interpret)

@@ -115,6 +115,34 @@ def test_splash_compiles_for_tpu_under_a_4_device_mesh(topology, split):
   assert compiled.memory_analysis().temp_size_in_bytes < (scores if split == "batch" else scores + mask_blocks)
 
 
+@needs_libtpu
+@pytest.mark.parametrize("n", [390, 256])
+def test_splash_with_a_traced_per_head_frame_mask_compiles_for_tpu(n):
+  """ReWorld's case: a traced per-head frame mask (head windows, chunk drop) with heads split over ``model``
+  compiles with the real Mosaic compiler for v5p (forward, dq and dkv kernels), frames padded (390 -> 512) or
+  not (256), and the step holds neither score matrices nor token-mask blocks."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.compile_only import topology_devices  # pylint: disable=g-import-not-at-top
+  s, heads, d = teacher_forcing_layout(5, 2).mask.shape[0], 4, 128
+  length = s * n
+  mesh = Mesh(np.asarray(topology_devices("v5p:2x2x1")[:4]).reshape(2, 2), ("data", "model"))
+  x = jax.ShapeDtypeStruct((2, length, heads, d), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P(("data",), None, ("model",), None)))
+  frames = jax.ShapeDtypeStruct((1, heads, s, s), jnp.bool_, sharding=NamedSharding(mesh, P()))
+
+  def grads(q, k, v, m):
+    f = lambda q, k, v: kernels.dot_product_attention(  # pylint: disable=unnecessary-lambda-assignment
+        q, k, v, attn_ref.FrameMask(m, n), impl="splash", batch_axes=("data",), head_axes=("model",))
+    return jax.grad(lambda *a: f(*a).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
+
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(grads).lower(x, x, x, frames).compile()
+  text = compiled.as_text()
+  assert text.count("tpu_custom_call") >= 3  # forward, dq, dkv
+  scores = (heads // 2) * length * length * 4  # one device's f32 scores
+  assert compiled.memory_analysis().temp_size_in_bytes < scores // 4
+
+
 CUDNN_CALLS = ("__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward")
 
 
@@ -264,6 +292,64 @@ def test_splash_with_a_static_frame_mask_matches_and_never_builds_the_token_mask
   assert largest(attn_ref.StaticFrameMask(big, 96)) < lp * lp // 4
 
 
+@pytest.mark.parametrize("n,heads,examples,block", [(37, 1, 1, 512), (29, 2, 2, 512), (128, 2, 1, 512),
+                                                     (150, 1, 2, 128)])
+def test_splash_with_a_traced_frame_mask_matches_and_never_builds_the_token_mask(n, heads, examples, block):
+  """A traced frame mask (:class:`FrameMask`: chunk drop and per-head windows make it random per step), shared,
+  per head and per example, frames padded (37, 29, 150 tokens) or not (128), one or two blocks per frame: the
+  block tables equal the padded token mask block by block; forward and gradients equal the reference; the
+  traced program holds nothing of the ``[Lq, Lk]`` token mask's size."""
+  from pallas_kernels import splash_attention as spl  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(n)
+  frames = teacher_forcing_layout(5, 2).mask
+  s = frames.shape[0]
+  m = np.broadcast_to(frames, (examples, heads, s, s)) & (rng.random((examples, heads, s, s)) < 0.6)
+  m |= np.eye(s, dtype=bool)  # every query frame keeps its own frame
+  fm = attn_ref.FrameMask(jnp.asarray(m if heads > 1 else m[:, 0]), n)
+  assert fm.shape == ((examples, heads) if heads > 1 else (examples,)) + (s * n, s * n)
+
+  padded, blk = spl.frame_blocks(n, block)
+  assert padded % 128 == 0 and padded % blk == 0 and padded - 128 < n <= padded and blk <= max(block, 128)
+  # Block tables against the token mask of the per-frame padded sequence (padded keys masked).
+  tok = np.asarray(expand_frame_mask(jnp.asarray(m[0]), padded))  # [H, S*padded, S*padded]
+  tok = tok & np.tile(np.arange(padded) < n, s)[None, None, :]
+  for dkv in (False, True):
+    info = spl.frame_mask_info(jnp.asarray(m[0]), n, blk, padded, dkv=dkv)
+    bm = np.asarray(info.block_mask)
+    pattern = None if info.partial_mask_blocks is None else np.asarray(info.partial_mask_blocks)[0]
+    for hh in range(heads):
+      for i in range(bm.shape[1]):
+        for j in range(bm.shape[2]):
+          want_block = tok[hh, i * blk:(i + 1) * blk, j * blk:(j + 1) * blk]
+          got = {0: np.zeros_like(want_block), 2: np.ones_like(want_block)}.get(int(bm[hh, i, j]))
+          if got is None:
+            got = pattern.T if dkv else pattern
+          np.testing.assert_array_equal(got, want_block)
+          if bm[hh, i, j]:  # a visible block is fetched where it is
+            assert int(np.asarray(info.data_next)[hh, i, j]) == (i if dkv else j)
+
+  q, k, v = _qkv(2, s * n, 2, 16, seed=n)
+  want = reference(q, k, v, fm)
+  np.testing.assert_allclose(np.asarray(reference(q, k, v, fm.tokens())), np.asarray(want), atol=1e-6)
+  f = lambda q, k, v: kernels.dot_product_attention(q, k, v, fm, impl="splash", interpret=True, block=block)  # pylint: disable=unnecessary-lambda-assignment
+  np.testing.assert_allclose(np.asarray(jax.jit(f)(q, k, v)), np.asarray(want), atol=2e-6)
+  cot = jax.random.normal(jax.random.key(4), want.shape)
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * cot), (0, 1, 2)))(q, k, v)
+  ref_grads = jax.grad(lambda *a: jnp.sum(reference(*a, fm) * cot), (0, 1, 2))(q, k, v)
+  for name, g, r in zip("qkv", grads, ref_grads):
+    rel = float(jnp.abs(g - r).max() / jnp.abs(r).max())
+    assert rel < 1e-5, (name, rel)
+  # At 21 frames of 96 tokens, traced only: nothing near the [L, L] token mask's size, forward or backward.
+  big = teacher_forcing_layout(13, 2).mask
+  sb = big.shape[0]
+  big = jnp.asarray(np.broadcast_to(big, (examples, heads, sb, sb)))
+  fm = attn_ref.FrameMask(big if heads > 1 else big[:, 0], 96)
+  q, k, v = (jax.ShapeDtypeStruct((examples, sb * 96, heads, 16), jnp.float32),) * 3
+  jaxpr = jax.make_jaxpr(jax.grad(lambda *a: jnp.sum(f(*a)), (0, 1, 2)))(q, k, v)
+  sizes = [int(np.prod(x.aval.shape)) for e in jaxpr.eqns for x in (*e.invars, *e.outvars) if hasattr(x, "aval")]
+  assert sb >= 21 and max(sizes + [int(np.size(c)) for c in jaxpr.consts]) < (sb * 96) ** 2 // 4
+
+
 def test_model_with_splash_equals_xla():
   """The tiny model's teacher-forcing forward with ``attention_impl="splash"`` (interpreted) equals ``xla``."""
   import dataclasses  # pylint: disable=g-import-not-at-top
@@ -294,3 +380,11 @@ def test_model_with_splash_equals_xla():
                                        attention=dataclasses.replace(cfg.attention, interpret=True)))
   out = jax.jit(lambda p, x: model.apply({"params": p}, x, jnp.zeros(shape[:2]), traced)[0])(params, x)
   np.testing.assert_allclose(np.asarray(out), np.asarray(outs[1]), atol=1e-5)
+  # ReWorld's per-head windows (head 0 global, head 1 the last 2 frames), traced: splash equals xla.
+  from jaxwm.training import augment  # pylint: disable=g-import-not-at-top
+  windows = augment.head_window_mask(layout.mask, layout.frame_pos, layout.frame_pos, jnp.asarray([True, False]), 2)
+  per_head = layout.frames(1, mask=windows[None])
+  got = [jax.jit(lambda p, x, m=m: m.apply({"params": p}, x, jnp.zeros(shape[:2]), per_head)[0])(params, x)
+         for m in (WanModel(dataclasses.replace(cfg, attention_impl="xla")), model)]
+  np.testing.assert_allclose(np.asarray(got[1]), np.asarray(got[0]), atol=1e-5)
+  assert float(jnp.abs(got[0] - out).max()) > 1e-3  # the windows changed the output

@@ -21,7 +21,7 @@ from jaxwm.encodings.rope3d import apply_rotary
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.layers import RMSNorm, batch_mesh_axes, dense
 from jaxwm.ops import frame_sparse
-from jaxwm.ops.attention import attention_weights, expand_frame_mask
+from jaxwm.ops.attention import FrameMask, attention_weights, expand_frame_mask
 
 
 def _dense(cfg, q, k, v, tokens):
@@ -37,7 +37,8 @@ def _dense(cfg, q, k, v, tokens):
 class AttentionMask:
   """Which keys each query reads; keys are ``[cache_frames cache slots; own frames]``.
 
-  ``tokens``: token-level bool ``[B, (H,) Lq, Lk]`` for dense attention (None: all), or instead ``static``, a
+  ``tokens``: the token-level mask ``[B, (H,) Lq, Lk]`` for dense attention (None: all), a bool array or a
+  traced :class:`jaxwm.ops.attention.FrameMask`, or instead ``static``, a
   :class:`jaxwm.ops.attention.StaticFrameMask` with the same meaning, known at trace time;
   ``history``: ``[B, Sq, Sk]`` bool frames frame-sparse attention selects from (never the own
   chunk); ``local``: ``[B, Sq, C]`` int own-chunk key frames (-1 pads); ``tokens_per_frame``,
@@ -56,7 +57,9 @@ class AttentionMask:
 
   def token_mask(self):
     """``tokens``, built from the static frame mask when that is what this mask holds."""
-    return self.static.tokens() if self.static is not None else self.tokens
+    if self.static is not None:
+      return self.static.tokens()
+    return self.tokens.tokens() if isinstance(self.tokens, FrameMask) else self.tokens
 
   def own_chunk(self):
     """``local`` as indices into the own frames alone (hybrid layers read no cache keys)."""

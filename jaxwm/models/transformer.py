@@ -18,13 +18,14 @@ from jaxwm.encodings.base import ChannelPlan, Encoded, model_poses
 from jaxwm.encodings.plucker import plucker_tokens
 from jaxwm.encodings.rope3d import rope3d_angles
 from jaxwm.models import loci as loci_lib
-from jaxwm.models.attention import Attention, AttentionMask, expand_frame_mask
+from jaxwm.models.attention import Attention, AttentionMask
 from jaxwm.models.cache import Entries
 from jaxwm.models.conditioning import Frames
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.embeddings import TextProjection, TimeEmbedding
 from jaxwm.models.layers import LayerNorm, dense
 from jaxwm.ops import frame_sparse
+from jaxwm.ops.attention import FrameMask
 
 _REMAT = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -277,5 +278,5 @@ class WanModel(nn.Module):
       static = frames.static_mask.with_tokens_per_frame(n)
       return AttentionMask(local=local, tokens_per_frame=n, static=static)
     elif mask is not None and cfg.num_softmax_layers:
-      tokens = expand_frame_mask(mask, n)
+      tokens = FrameMask(mask, n)  # the token mask, kept frame-level for the kernels
     return AttentionMask(tokens=tokens, history=history, local=local, tokens_per_frame=n, cache_frames=cache_frames)

@@ -7,6 +7,7 @@ TPU splash attention (``pallas_kernels.splash_attention``) to the names here.
 import dataclasses
 import logging
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,13 +69,36 @@ class StaticFrameMask:
     return expand_frame_mask(jnp.asarray(self.frames)[None], self.tokens_per_frame)
 
 
+@flax.struct.dataclass
+class FrameMask:
+  """A traced frame-level mask (a layout's with this step's chunk drop or per-head windows): ``frames`` bool
+  ``[Bm, (Hm,) Sq, Sk]``, each frame ``tokens_per_frame`` consecutive tokens. As a mask it stands for the token
+  mask ``[Bm, (Hm,) Sq*N, Sk*N]`` (:meth:`tokens`). Kernels may use the frame mask directly (splash: block tables
+  from it, no ``[L, L]`` array)."""
+  frames: jax.Array
+  tokens_per_frame: int = flax.struct.field(pytree_node=False, default=1)
+
+  @property
+  def shape(self):
+    *lead, sq, sk = self.frames.shape
+    return (*lead, sq * self.tokens_per_frame, sk * self.tokens_per_frame)
+
+  @property
+  def ndim(self):
+    return self.frames.ndim
+
+  def tokens(self):
+    """The token mask (a broadcast of the frame mask, for XLA to fuse)."""
+    return expand_frame_mask(self.frames, self.tokens_per_frame)
+
+
 def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
   """``softmax(q k^T * scale + log(mask)) v`` per head.
 
   Args:
     q: ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``.
     mask: bool, broadcastable to ``[B, Lq, Lk]`` or per head ``[B, H, Lq, Lk]`` (True = attend),
-      a :class:`StaticFrameMask`, or None (dense). Every query must attend to at least one key.
+      a :class:`StaticFrameMask` or :class:`FrameMask`, or None (dense). Every query must attend to at least one key.
     scale: defaults to ``D ** -0.5``.
     impl: ``"xla"`` (this reference), ``"cudnn"`` (``jax.nn.dot_product_attention`` with
       cuDNN, GPU only) or ``"auto"``.
@@ -84,7 +108,7 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
   """
   impl = resolve_impl(impl)
   scale = q.shape[-1] ** -0.5 if scale is None else scale
-  if isinstance(mask, StaticFrameMask):
+  if isinstance(mask, (StaticFrameMask, FrameMask)):
     mask = mask.tokens()
   if impl == "cudnn":
     m = None
@@ -115,7 +139,7 @@ def pad_to_even(q, k, v, mask):
 def attention_weights(q, k, mask=None, *, scale=None):
   """The softmax weights ``[B, H, Lq, Lk]`` (float32) of :func:`dot_product_attention` (same arguments)."""
   scale = q.shape[-1] ** -0.5 if scale is None else scale
-  if isinstance(mask, StaticFrameMask):
+  if isinstance(mask, (StaticFrameMask, FrameMask)):
     mask = mask.tokens()
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
   if mask is not None:
