@@ -20,7 +20,10 @@ one unread shard, a zero empty-prompt embedding; nothing real is read). ``viewro
 recipe at 480x832 (30x52x48 latents, 390 tokens per frame; teacher forcing, chunks of 1, ViewRope on
 ``t_low``), its dense stages' attention (no frame sparsity) with splash; ``loci_5b``: LOCI's recipe at
 512x768 (32x48x48, 384 tokens; diffusion forcing, chunks of 5, the 15 hybrid blocks with the Pallas delta
-rule, text dropout 0.1), softmax blocks with splash. ``--size HxW`` overrides the recipes' frame size.
+rule, text dropout 0.1), softmax blocks with splash; ``reworld_5b``: ReWorld's recipe at 384x640 (24x40x48,
+240 tokens per frame; teacher forcing in chunks of 4, MRoPE and Plücker injection, chunk drop and per-head
+windows, so the mask is traced per step: splash's frame-aligned blocks). ``--size HxW`` overrides the recipes'
+frame size.
 
   python benchmarks/compile_5b.py --rows "21:v5p:4x4x4:viewrope_5b,81:v5p:4x4x4:loci_5b"
 
@@ -41,13 +44,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from configs import loci_5b, viewrope_5b, wan22_ti2v_5b  # noqa: E402
+from configs import loci_5b, reworld_5b, viewrope_5b, wan22_ti2v_5b  # noqa: E402
 from jaxwm import config_checks  # noqa: E402
 from jaxwm.data import ingest, records  # noqa: E402
 from jaxwm.training import compile_only  # noqa: E402
 from jaxwm.training.data import latent_geometry  # noqa: E402
 
-RECIPES = {"viewrope_5b": viewrope_5b, "loci_5b": loci_5b}
+RECIPES = {"viewrope_5b": viewrope_5b, "loci_5b": loci_5b, "reworld_5b": reworld_5b}
 TEXT_LEN = 512  # umT5's padded prompt length (jaxwm.text)
 
 

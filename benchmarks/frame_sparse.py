@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxwm import kernels
-from jaxwm.models.transformer import expand_frame_mask
+from jaxwm.ops.attention import expand_frame_mask
 from jaxwm.ops import frame_sparse as fs
 from jaxwm.ops.attention import dot_product_attention
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jaxwm import kernels
-from jaxwm.models.attention import expand_frame_mask
+from jaxwm.ops.attention import expand_frame_mask
 from jaxwm.ops import attention as attn_ref
 from jaxwm.ops.attention import dot_product_attention as reference
 from jaxwm.training.layout import teacher_forcing_layout

@@ -15,7 +15,7 @@ from jaxwm.diffusion import flow
 from jaxwm.evaluation.selection_plot import save_selection_maps, selection_image
 from jaxwm.models.conditioning import Cameras
 from jaxwm.models.config import AttentionConfig, CameraConfig, ModelConfig
-from jaxwm.models.attention import expand_frame_mask
+from jaxwm.ops.attention import expand_frame_mask
 from jaxwm.models.transformer import WanModel
 from jaxwm.ops import frame_sparse as fs
 from jaxwm.ops.attention import dot_product_attention
