@@ -19,7 +19,8 @@ True = attend) plus ``block`` and ``interpret``. The mask may be
   full, or (a frame's last key block, when padded) the one static "real keys" pattern. The block tables are
   computed on device from the frame mask (``[Hm, Sq*r, Sk*r]`` small integers); nothing of size ``[Lq, Lk]``
   exists, whatever the heads. Its backward is splash's separate dq and dkv kernels (the fused one holds a dq
-  partial per key block, large with frame-sized blocks);
+  partial per key block, large with frame-sized blocks). Padding costs ``padded / n`` more work per frame pair:
+  little for Wan's frames (240 -> 256, 384, 880 -> 896 tokens), a lot for frames of a few dozen tokens;
 - a ``jax.Array`` token mask: splash's dynamic mask, whose tables are computed on device from the mask and
   whose partial blocks are the (padded) mask itself (``[Hm, Lq, Lk]`` in the kernel's memory).
 
@@ -163,7 +164,7 @@ def _frame_attention(q, k, v, frames, n, scale, block, interpret):
                      f"keys of {b} examples and {h} heads")
   padded, blk = frame_blocks(n, block)
   # Separate dq and dkv backward kernels: the fused one keeps a dq partial per key block ([Lk / blk, H, Lq, D]),
-  # which frame-sized blocks make large (BENCHMARKS.md: 13.5 vs 1.0 GiB at ReWorld's 22k tokens, 24 heads).
+  # which frame-sized blocks make large (BENCHMARKS.md, splash's mask paths).
   sizes = sa.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
                         block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk, use_fused_bwd_kernel=False)
 
