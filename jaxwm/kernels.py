@@ -123,7 +123,7 @@ def resolve_attention_impl(impl):
 
 
 def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpret=False, batch_axes=None,
-                          head_axes=None, block=512):
+                          head_axes=None, block=512, frame_block=None):
   """Dense attention with a boolean token mask (``jaxwm.ops.attention.dot_product_attention``) by ``impl``
   (:data:`ATTENTION_IMPLS`).
 
@@ -132,7 +132,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
   materialised by splash; a :class:`jaxwm.ops.attention.FrameMask`: traced and frame-level, splash tiles frames
   with its blocks and never builds the token mask; None: all) -> ``[B, Lq, H, D]`` in ``q``'s dtype. ``splash``
   runs on a TPU (or with ``interpret=True`` on CPU) per batch shard over ``batch_axes`` and head shard over
-  ``head_axes`` of the current mesh, in blocks of ``block`` tokens; lowering it for another platform
+  ``head_axes`` of the current mesh, in blocks of ``block`` tokens (``FrameMask``: frame-aligned blocks of at most
+  ``frame_block``); lowering it for another platform
   raises ``ValueError`` (:func:`only_on`; nothing falls back). ``cudnn`` raises ``ValueError`` when
   traced where jax finds no cuDNN.
   """
@@ -158,7 +159,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
     mask = m[0] if dynamic else None if static is None else static[None]
     fm = frame if per_frame is None else (mask, per_frame)
     mask = None if per_frame is not None else mask
-    kernel = functools.partial(splash_kernel.attention, scale=scale, block=block, interpret=interpret, frame_mask=fm)
+    kernel = functools.partial(splash_kernel.attention, scale=scale, block=block, interpret=interpret, frame_mask=fm,
+                               frame_block=frame_block or splash_kernel.FRAME_BLOCK)
     if interpret:
       return kernel(q, k, v, mask)
     return only_on("tpu", "model.attention_impl='splash' (a TPU kernel; model.attention.interpret=True runs it on "

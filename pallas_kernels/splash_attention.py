@@ -16,7 +16,8 @@ True = attend) plus ``block`` and ``interpret``. The mask may be
 - ``frame_mask=(frames, n)`` with ``frames`` a traced ``jax.Array [Bm, (Hm,) Sq, Sk]`` (a layout's mask with
   this step's chunk drop or per-head windows, ReWorld's recipe): each frame's tokens are padded to a multiple
   of 128 and the blocks tile frames exactly (:func:`frame_blocks`), so every block is one frame pair: empty,
-  full, or (a frame's last key block, when padded) the one static "real keys" pattern. The block tables are
+  full, or (a frame's last key block, when padded) the one static "real keys" pattern; a whole padded frame per
+  block up to ``frame_block`` (1024) tokens. The block tables are
   computed on device from the frame mask (``[Hm, Sq*r, Sk*r]`` small integers); nothing of size ``[Lq, Lk]``
   exists, whatever the heads. Its backward is splash's separate dq and dkv kernels (the fused one holds a dq
   partial per key block, large with frame-sized blocks). Padding costs ``padded / n`` more work per frame pair:
@@ -109,7 +110,11 @@ class FrameTokenMask(sa.Mask):
             and self.frames.shape == other.frames.shape and bool((self.frames == other.frames).all()))
 
 
-def frame_blocks(n, block=512):
+FRAME_BLOCK = 1024  # largest frame-aligned block (a whole padded frame up to 1024 tokens: Wan's 720p has 880)
+TABLE_BYTES = 512 * 1024  # block tables per kernel call; they are prefetched to scalar memory (1 MiB on v5p)
+
+
+def frame_blocks(n, block=FRAME_BLOCK):
   """``(padded, blk)``: frames of ``n`` tokens padded to ``padded`` (``n`` rounded up to 128) and the splash block
   ``blk``, the largest multiple of 128 that divides ``padded`` and is at most ``max(block, 128)``."""
   padded = _round_up(n, LANES)
@@ -118,6 +123,18 @@ def frame_blocks(n, block=512):
 
 def _smallest_int(limit):
   return np.int8 if limit <= np.iinfo(np.int8).max else np.int16 if limit <= np.iinfo(np.int16).max else np.int32
+
+
+def heads_per_call(nq, nk, partial, budget=None):
+  """Mask heads whose block tables (``block_mask``, ``data_next``, ``mask_next`` when ``partial``; ``nq x nk``
+  each) fit ``budget`` bytes of scalar memory; a ``ValueError`` when not even one does."""
+  budget = TABLE_BYTES if budget is None else budget
+  per_head = nq * nk * (1 + np.dtype(_smallest_int(max(nq, nk))).itemsize + (1 if partial else 0))
+  if per_head > budget:
+    raise ValueError(f"splash: frame-mask block tables of {nq} x {nk} blocks need {per_head} bytes per head, over "
+                     f"the {budget} bytes of scalar memory a kernel call may use; use larger blocks (frame_block) "
+                     "or a shorter sequence")
+  return budget // per_head
 
 
 def frame_mask_info(frames, n, blk, padded, dkv=False):
@@ -154,7 +171,8 @@ def _frame_kernel(frames, n, blk, padded, sizes, interpret):
 
 
 def _frame_attention(q, k, v, frames, n, scale, block, interpret):
-  """Splash over a traced frame mask ``[Bm, (Hm,) Sq, Sk]`` (module docstring); ``q [B, Sq*n, H, D]``."""
+  """Splash over a traced frame mask ``[Bm, (Hm,) Sq, Sk]`` (module docstring); ``q [B, Sq*n, H, D]``. Per-head
+  masks run in groups of heads whose block tables fit scalar memory (:func:`heads_per_call`), one call each."""
   b, lq, h, d = q.shape
   frames = jnp.asarray(frames, bool)
   frames = frames[:, None] if frames.ndim == 3 else frames  # [Bm, Hm, Sq, Sk]
@@ -173,10 +191,21 @@ def _frame_attention(q, k, v, frames, n, scale, block, interpret):
     return x.reshape(b, s * padded, h, d).transpose(0, 2, 1, 3)
 
   qt, kt, vt = per_frame((q * scale).astype(q.dtype), sq), per_frame(k, sk), per_frame(v, sk)
-  if frames.shape[0] == 1:
-    out = jax.vmap(_frame_kernel(frames[0], n, blk, padded, sizes, interpret))(qt, kt, vt)
-  else:  # one mask per example: its own block tables
-    out = jax.lax.map(lambda a: _frame_kernel(a[0], n, blk, padded, sizes, interpret)(*a[1:]), (frames, qt, kt, vt))
+  r = padded // blk
+  hm = frames.shape[1]
+  group = hm if hm == 1 else min(hm, heads_per_call(sq * r, sk * r, n % blk != 0))
+
+  def call(fr, qt, kt, vt):  # fr [Bm, g, Sq, Sk]; qt, kt, vt [B, g or H, L, D]
+    if fr.shape[0] == 1:
+      return jax.vmap(_frame_kernel(fr[0], n, blk, padded, sizes, interpret))(qt, kt, vt)
+    # one mask per example: its own block tables
+    return jax.lax.map(lambda a: _frame_kernel(a[0], n, blk, padded, sizes, interpret)(*a[1:]), (fr, qt, kt, vt))
+
+  if hm == 1:
+    out = call(frames, qt, kt, vt)
+  else:
+    out = jnp.concatenate([call(frames[:, g:g + group], qt[:, g:g + group], kt[:, g:g + group], vt[:, g:g + group])
+                           for g in range(0, h, group)], axis=1)
   out = out.transpose(0, 2, 1, 3).reshape(b, sq, padded, h, d)[:, :, :n]
   return out.reshape(b, lq, h, d).astype(q.dtype)
 
@@ -193,10 +222,11 @@ def _make(mask, **kw):
   return kernel
 
 
-def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False, frame_mask=None):
+def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False, frame_mask=None,
+              frame_block=FRAME_BLOCK):
   """``softmax(q k^T * scale, masked) v`` per head with splash attention; see the module docstring.
   ``frame_mask``: ``(frames, tokens_per_frame)`` instead of ``mask``, ``frames`` a NumPy bool ``[Sq, Sk]``
-  (static) or a ``jax.Array [Bm, (Hm,) Sq, Sk]`` (traced).
+  (static) or a ``jax.Array [Bm, (Hm,) Sq, Sk]`` (traced, blocks of at most ``frame_block`` tokens).
 
   Returns ``[B, Lq, H, D]`` in the dtype of ``q``.
   """
@@ -209,7 +239,7 @@ def attention(q, k, v, mask=None, *, scale=None, block=512, interpret=False, fra
     if mask is not None:
       raise ValueError("splash: pass mask or frame_mask, not both")
     if isinstance(frame_mask[0], jax.Array):  # traced: frame-aligned blocks
-      return _frame_attention(q, k, v, frame_mask[0], int(frame_mask[1]), scale, block, interpret)
+      return _frame_attention(q, k, v, frame_mask[0], int(frame_mask[1]), scale, frame_block, interpret)
     frames, n = np.asarray(frame_mask[0], bool), int(frame_mask[1])
     if frames.ndim != 2 or (frames.shape[0] * n, frames.shape[1] * n) != (lq, lk):
       raise ValueError(f"splash: frame_mask {frames.shape} x {n} tokens does not cover {lq} queries x {lk} keys")

@@ -292,9 +292,10 @@ def test_splash_with_a_static_frame_mask_matches_and_never_builds_the_token_mask
   assert largest(attn_ref.StaticFrameMask(big, 96)) < lp * lp // 4
 
 
-@pytest.mark.parametrize("n,heads,examples,block", [(37, 1, 1, 512), (29, 2, 2, 512), (128, 2, 1, 512),
+@pytest.mark.parametrize("n,heads,examples,block", [(37, 1, 1, 1024), (29, 2, 2, 1024), (128, 2, 1, 1024),
                                                      (150, 1, 2, 128)])
-def test_splash_with_a_traced_frame_mask_matches_and_never_builds_the_token_mask(n, heads, examples, block):
+def test_splash_with_a_traced_frame_mask_matches_and_never_builds_the_token_mask(n, heads, examples, block,
+                                                                                 monkeypatch):
   """A traced frame mask (:class:`FrameMask`: chunk drop and per-head windows make it random per step), shared,
   per head and per example, frames padded (37, 29, 150 tokens) or not (128), one or two blocks per frame: the
   block tables equal the padded token mask block by block; forward and gradients equal the reference; the
@@ -331,7 +332,7 @@ def test_splash_with_a_traced_frame_mask_matches_and_never_builds_the_token_mask
   q, k, v = _qkv(2, s * n, 2, 16, seed=n)
   want = reference(q, k, v, fm)
   np.testing.assert_allclose(np.asarray(reference(q, k, v, fm.tokens())), np.asarray(want), atol=1e-6)
-  f = lambda q, k, v: kernels.dot_product_attention(q, k, v, fm, impl="splash", interpret=True, block=block)  # pylint: disable=unnecessary-lambda-assignment
+  f = lambda q, k, v: kernels.dot_product_attention(q, k, v, fm, impl="splash", interpret=True, frame_block=block)  # pylint: disable=unnecessary-lambda-assignment
   np.testing.assert_allclose(np.asarray(jax.jit(f)(q, k, v)), np.asarray(want), atol=2e-6)
   cot = jax.random.normal(jax.random.key(4), want.shape)
   grads = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * cot), (0, 1, 2)))(q, k, v)
@@ -339,6 +340,14 @@ def test_splash_with_a_traced_frame_mask_matches_and_never_builds_the_token_mask
   for name, g, r in zip("qkv", grads, ref_grads):
     rel = float(jnp.abs(g - r).max() / jnp.abs(r).max())
     assert rel < 1e-5, (name, rel)
+  if heads > 1:  # per-head tables in groups small enough for scalar memory: one head per call, same result
+    monkeypatch.setattr(spl, "TABLE_BYTES", 3 * s * s)
+    assert spl.heads_per_call(s, s, True) == 1
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(q, k, v)), np.asarray(want), atol=2e-6)
+    with pytest.raises(ValueError, match="bytes per head"):
+      spl.heads_per_call(s, s, True, budget=3 * s * s - 1)
+    monkeypatch.undo()
+
   # At 21 frames of 96 tokens, traced only: nothing near the [L, L] token mask's size, forward or backward.
   big = teacher_forcing_layout(13, 2).mask
   sb = big.shape[0]
