@@ -77,8 +77,10 @@ def main():
     def grads(q, k, v, m, kind=kind):
       mask = {"token": lambda: attn.expand_frame_mask(m, n), "frame": lambda: attn.FrameMask(m, n),
               "static": lambda: attn.StaticFrameMask(frames[0], n), "none": lambda: None}[kind]()
-      f = lambda q, k, v: kernels.dot_product_attention(q, k, v, mask, impl="splash", batch_axes=("data",))  # noqa: E731
-      return jax.grad(lambda *t: f(*t).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
+      def loss(q, k, v):
+        return kernels.dot_product_attention(q, k, v, mask, impl="splash", batch_axes=("data",)).astype(
+            jnp.float32).sum()
+      return jax.grad(loss, (0, 1, 2))(q, k, v)
 
     t0 = time.time()
     try:

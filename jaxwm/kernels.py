@@ -149,7 +149,7 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
   if isinstance(mask, attn_ref.StaticFrameMask):  # splash computes its blocks on the host, no [L, L] array
     frame, mask = (mask.frames, mask.tokens_per_frame), None
   elif isinstance(mask, attn_ref.FrameMask):  # traced: frame-aligned blocks, tables from the frame mask
-    per_frame, mask = mask.tokens_per_frame, mask.frames
+    per_frame, mask = mask.tokens_per_frame, jnp.asarray(mask.frames)
   static = splash_kernel.static_mask(mask)  # [Hm, Lq, Lk] NumPy, or None
   if static is not None and static.shape[0] > 1 and _split_axes(jax.sharding.get_abstract_mesh(), head_axes):
     static = None  # per-head masks follow their heads' shards

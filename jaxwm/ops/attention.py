@@ -98,7 +98,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
   Args:
     q: ``[B, Lq, H, D]``; k, v: ``[B, Lk, H, D]``.
     mask: bool, broadcastable to ``[B, Lq, Lk]`` or per head ``[B, H, Lq, Lk]`` (True = attend),
-      a :class:`StaticFrameMask` or :class:`FrameMask`, or None (dense). Every query must attend to at least one key.
+      a :class:`StaticFrameMask` or :class:`FrameMask`, or None (dense). Every query must attend to at
+      least one key.
     scale: defaults to ``D ** -0.5``.
     impl: ``"xla"`` (this reference), ``"cudnn"`` (``jax.nn.dot_product_attention`` with
       cuDNN, GPU only) or ``"auto"``.
