@@ -1,6 +1,7 @@
 """Per-chip memory of splash attention's mask paths, compiled here for abstract TPU chips (needs libtpu, no TPU).
 
   python benchmarks/splash_masks.py [--topology v5p:2x2x1] [--latents 49] [--tokens 240] [--heads 24] [--shared]
+      [--layout teacher_forcing|diffusion_forcing] [--chunk 4]
 
 One attention call, forward and backward (``jax.grad`` of its sum), bf16, ``D = 128``, one example per chip
 (batch sharded over the chips), the teacher-forcing layout's mask of ``--latents`` latent frames (ReWorld's 480p
@@ -36,13 +37,13 @@ from jaxwm import kernels  # noqa: E402
 from jaxwm.ops import attention as attn  # noqa: E402
 from jaxwm.training import augment  # noqa: E402
 from jaxwm.training.compile_only import topology_devices  # noqa: E402
-from jaxwm.training.layout import teacher_forcing_layout  # noqa: E402
+from jaxwm.training.layout import make_layout  # noqa: E402
 
 
-def layout_mask(latents, chunk, heads, shared, window=12, global_heads=6):
-  """``[Hm, S, S]`` NumPy: the teacher-forcing mask of ``latents`` latent frames, with per-head windows unless
+def layout_mask(latents, chunk, heads, shared, window=12, global_heads=6, kind="teacher_forcing"):
+  """``[Hm, S, S]`` NumPy: the ``kind`` layout's mask of ``latents`` latent frames, with per-head windows unless
   ``shared`` (heads ``0 .. global_heads - 1`` global, the others the last ``window`` frames)."""
-  lay = teacher_forcing_layout(latents, chunk)
+  lay = make_layout(kind, latents, chunk)
   if shared:
     return lay.mask[None]
   routing = np.arange(heads) < global_heads
@@ -57,8 +58,9 @@ def main():
   p.add_argument("--tokens", type=int, default=240, help="tokens per frame")
   p.add_argument("--heads", type=int, default=24)
   p.add_argument("--shared", action="store_true", help="one mask for all heads (no head windows)")
+  p.add_argument("--layout", default="teacher_forcing", choices=["teacher_forcing", "diffusion_forcing"])
   a = p.parse_args()
-  frames = layout_mask(a.latents, a.chunk, a.heads, a.shared)
+  frames = layout_mask(a.latents, a.chunk, a.heads, a.shared, kind=a.layout)
   s, n = frames.shape[-1], a.tokens
   length = s * n
   devices = topology_devices(a.topology)
@@ -68,7 +70,7 @@ def main():
   rows = [("token mask (traced)", "token"), ("frame mask (traced)", "frame")]
   rows += [("frame mask (static)", "static")] if a.shared else []
   rows += [("no mask", "none")]
-  print(f"{a.topology}, {s} frames x {n} tokens = {length} tokens, {a.heads} heads of 128, "
+  print(f"{a.topology}, {a.layout} in chunks of {a.chunk}, {s} frames x {n} tokens = {length} tokens, {a.heads} heads of 128, "
         f"{'shared mask' if a.shared else 'per-head windows'}, one example per chip, forward + backward, bf16\n")
   print("| mask | temporaries per chip | compile (s) |\n| --- | --- | --- |")
   for name, kind in rows:
