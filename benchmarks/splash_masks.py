@@ -4,10 +4,10 @@
       [--layout teacher_forcing|diffusion_forcing] [--chunk 4]
 
 One attention call, forward and backward (``jax.grad`` of its sum), bf16, ``D = 128``, one example per chip
-(batch sharded over the chips), the teacher-forcing layout's mask of ``--latents`` latent frames (ReWorld's 480p
-window, 49 latents: 1 clean latent + 11 clean chunks + 12 noisy chunks of 4 = 93 frames of 240 tokens, 22,320
-tokens) with
-ReWorld's per-head windows (6 global heads of 24, the others the last 12 frames) unless ``--shared``. Rows:
+(batch sharded over the chips), the ``--layout`` mask of ``--latents`` latent frames (default: teacher forcing on
+ReWorld's 480p window, 49 latents: 1 clean latent + 11 clean chunks + 12 noisy chunks of 4 = 93 frames of 240
+tokens, 22,320 tokens) with ReWorld's per-head windows (6 global heads of 24, the others the last 12 frames)
+unless ``--shared``. Rows:
 
 - ``token mask (traced)``: the token mask ``[1, H, L, L]`` as a traced array: splash's dynamic mask (the path
   every traced mask took before frame masks);
