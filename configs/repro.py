@@ -33,6 +33,9 @@ def get_config(arm="viewrope"):
     raise ValueError(f"configs/repro.py: arm must be one of {ARMS}; got {arm!r}")
   c = tiny.get_config()
   c.train.update(num_steps=900, ckpt_every=300, sample_every=0, workdir=f"runs/repro/{arm}")
+  # What every arm's runs used (tiny's defaults until 2026-12-01); the report samples with --sample-steps.
+  c.optim.update(lr=1e-3, end_lr_ratio=0.1)
+  c.sample.num_steps = 10
   c.model.attention.update(top_k=BUDGET, window=BUDGET)
   if arm in ("rope3d", "gta"):
     c.model.camera.encoding = arm

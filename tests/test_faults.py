@@ -162,14 +162,14 @@ def test_garbage_steps_stale_lock_retention_and_missed_sample(reference, tmp_pat
 
   samples = []
   monkeypatch.setattr(loop, "write_sample", lambda tr, params, s, path: samples.append((s, path)))
-  c = _config(**{"train.keep": 2, "train.sample_every": 3, "optim.lr": 2e-3})
+  c = _config(**{"train.keep": 2, "train.sample_every": 3, "optim.lr": 3e-3})
   state, history = _run(c, workdir)
   out = capsys.readouterr()
   assert history == []
   _assert_same(state, ref_state)
   assert f"taking over the stale lock of pid {dead}" in out.out
   assert "checkpoint step 80 in" in out.err and "_CHECKPOINT_METADATA is empty" in out.err
-  assert "optim.lr: 0.001 -> 0.002" in out.out
+  assert "optim.lr: 0.002 -> 0.003" in out.out
   assert sorted(p.name for p in (ck / "damaged").iterdir()) == ["70", "80"]
   assert sorted(p.name for p in ck.iterdir() if p.name.isdigit()) == ["4", "6"]  # keep=2
   assert samples == [(6, workdir / "samples" / "step_000006.gif")]
