@@ -107,8 +107,8 @@ def get_config():
                         pool=12),  # a pool of 12 random global sets, the next one every step (§2.2)
       timestep_distribution="uniform", timestep_shift=1.0,  # not stated; jaxwm default
       text_dropout=0.0)  # not stated; jaxwm default
-  # The optimizer is not stated (§4.1 points to training details that are not in the text): jaxwm defaults, which
-  # are the tiny model's. lr 1e-3 is far above the other papers' 5B fine-tuning rates (ViewRope 5e-5, LOCI 1e-5):
+  # The optimizer is not stated (§4.1 points to training details that are not in the text): the tiny model's
+  # earlier defaults. lr 1e-3 is far above the other papers' 5B fine-tuning rates (ViewRope 5e-5, LOCI 1e-5):
   # pass --config.optim.lr for a real run. ReWorld samples from an EMA of the weights (§4.1; decay not stated).
   c.optim.update(lr=1e-3, warmup_steps=50, end_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.99, eps=1e-8,
                  grad_clip=1.0, ema_decay=0.999)  # not stated; jaxwm defaults
