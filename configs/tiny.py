@@ -46,6 +46,6 @@ def get_config():
       num_steps=5000, log_every=10, ckpt_every=1000, keep=3, async_checkpoint=True, sample_every=2000,
       workdir="runs/tiny", distributed=False, init_from="", gain_every=500))
   # init_from: an earlier stage's workdir; gain_every: log the memory gain every k steps (0: off)
-  # 4 Euler steps: level with 10 at the return pose, +0.2-0.3 dB on the frames in between (RESULTS.md).
+  # 4 Euler steps: 0.2 dB below 10 at the return pose, 0.2-0.3 dB above on the frames in between (RESULTS.md).
   c.sample = ml_collections.ConfigDict(dict(num_steps=4, shift=3.0, guidance=1.0))
   return c
