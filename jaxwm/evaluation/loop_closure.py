@@ -3,7 +3,8 @@ clips from their first frame and trajectory and score what comes back.
 
   python -m jaxwm.evaluation.loop_closure --checkpoint runs/tiny [--clips 35] [--lpips lpips_alex.npz]
       [--family loops|palindrome] [--memory full,window,landmark] [--selection topk,random,exclude_selected]
-      [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--out <path>] [--overwrite]
+      [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--steps 4] [--shift 3]
+      [--out <path>] [--overwrite]
 
 ``loops``: the 35 rotate-away-and-back clips (30/45/75/90/180 degrees about the 7 axis
 combinations). Per magnitude and axis: PSNR / SSIM (LPIPS with weights) of all frames against
@@ -36,6 +37,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import math
 import pathlib
 import sys
 
@@ -83,11 +85,12 @@ def revisit_pairs(return_frame, max_pairs=5):
 
 
 def evaluate(config, model, variables, *, clips=35, family="loops", memory="full", memory_kwargs=None,
-             lpips_params=None, seed=0, steps=None, num_frames=None, frame_stride=None, probe=False,
+             lpips_params=None, seed=0, steps=None, shift=None, num_frames=None, frame_stride=None, probe=False,
              gain=True):
   """Streams ``clips`` eval clips of ``family`` (``loops`` or ``palindrome``); returns one dict per clip.
 
-  ``num_frames`` / ``frame_stride`` default to the training config's. ``probe`` (loops only) adds
+  ``num_frames`` / ``frame_stride`` default to the training config's; ``steps`` / ``shift`` (Euler steps per
+  chunk, schedule shift) to ``config.sample``'s. ``probe`` (loops only) adds
   the co-visible attention statistics of the return frame (:mod:`jaxwm.evaluation.attention_probe`).
   Every row has the model's scores and both baselines' (:mod:`jaxwm.evaluation.baselines`); ``gain``
   (loops) adds the memory gain ``gain_<t>`` (:mod:`jaxwm.evaluation.memory_gain`).
@@ -108,7 +111,8 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   frames_n, stride, chunk = num_frames or d.num_frames, frame_stride or d.frame_stride, config.recipe.chunk_size
   grid = (d.image_size // d.latent_stride // model.cfg.patch_size[1], d.image_size // d.latent_stride //
           model.cfg.patch_size[2])
-  sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps)  # shared by all clips
+  sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps,
+                                       shift=shift)  # shared by all clips
   # Memory gain (teacher-forced, training layout): once per clip, independent of the memory policy.
   layout = make_layout("teacher_forcing", frames_n, chunk)
   gain_fn = memory_gain.model_apply_fn(model, variables["params"]) if gain else None
@@ -195,6 +199,8 @@ def _check_args(a, policies, selection_modes):
     raise Refusal(f"--clips={a.clips}: must be >= 1")
   if a.steps is not None and a.steps < 1:
     raise Refusal(f"--steps={a.steps}: must be >= 1 (Euler steps per chunk)")
+  if a.shift is not None and not (math.isfinite(a.shift) and a.shift > 0):
+    raise Refusal(f"--shift={a.shift}: must be a finite number > 0 (the sampling schedule's timestep shift)")
   if a.adapter is not None and not pathlib.Path(a.adapter).is_dir():
     raise Refusal(f"--adapter={a.adapter!r}: no such directory (a distillation workdir or its adapter/)")
   if a.frames is not None and a.frames < 2:
@@ -291,6 +297,8 @@ def _main(argv):
   p.add_argument("--figures", action="store_true")
   p.add_argument("--frames", type=int, help="latent frames per clip (default: the training config's)")
   p.add_argument("--steps", type=int, help="Euler steps per chunk, >= 1 (default: the checkpoint's, or the adapter's)")
+  p.add_argument("--shift", type=float, help="sampling schedule's timestep shift, > 0 (default: the checkpoint's "
+                                              "config.sample.shift, or the adapter's)")
   p.add_argument("--adapter", help="a distilled LoRA adapter (distillation workdir or its adapter/), merged into the "
                                    "model; its few-step settings become the defaults")
   p.add_argument("--seed", type=int, default=0)
@@ -355,14 +363,17 @@ def _main(argv):
     print(f"evaluating {name} ...", flush=True)
     rows = evaluate(config, m, variables, clips=a.clips, family=a.family, memory=mem,
                     memory_kwargs=memory_kwargs.get(mem), lpips_params=lpips_params, seed=a.seed, steps=a.steps,
-                    num_frames=a.frames, probe=a.probe)
+                    shift=a.shift, num_frames=a.frames, probe=a.probe)
     for r in rows:
       r["setting"] = name
     results[name] = rows
   cols = LOOP_COLS if a.family == "loops" else PALINDROME_COLS
   all_rows = [r for rows in results.values() for r in rows]
+  sampling = {"num_steps": int(a.steps or config.sample.num_steps),
+              "shift": float(config.sample.shift if a.shift is None else a.shift)}
   md = [f"# Loop closure ({a.family}): {a.checkpoint} (step {step})"
-        + (f" + adapter {a.adapter} ({config.sample.num_steps} steps)" if a.adapter else ""), "",
+        + (f" + adapter {a.adapter}" if a.adapter else ""), "",
+        f"Sampling: {sampling['num_steps']} Euler steps per chunk, schedule shift {sampling['shift']:g}.", "",
         "Mean ± 95% interval over clips." + (" covis_mass: share of the return frame's history attention on "
                                              "co-visible keys; covis_chance: that share under uniform attention."
                                              if a.probe else ""), "", table(all_rows, "setting", cols)]
@@ -376,7 +387,7 @@ def _main(argv):
       md += ["", f"![{pathlib.Path(path).stem}]({pathlib.Path(path).name})"]
   md = "\n".join(md) + "\n"
   write_json(out.with_suffix(".json"), {"step": int(step), "family": a.family, "adapter": a.adapter,
-                                        "settings": results})
+                                        "sampling": sampling, "settings": results})
   write_text(out.with_suffix(".md"), md)
   print(md)
   print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
