@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from configs import repro, small, tiny, wan22_ti2v_5b
+from configs import recipe_cpu, repro, small, tiny, wan22_ti2v_5b
 from jaxwm.models.config import AttentionConfig, CameraConfig, LociConfig, ModelConfig, default_config_dict
 
 CONFIGS = {"tiny": tiny.get_config, "small": small.get_config, "wan22_ti2v_5b": wan22_ti2v_5b.get_config,
-           **{f"repro:{arm}": (lambda arm=arm: repro.get_config(arm)) for arm in repro.ARMS}}
+           **{f"repro:{arm}": (lambda arm=arm: repro.get_config(arm)) for arm in repro.ARMS},
+           **{f"recipe_cpu:{v}": (lambda v=v: recipe_cpu.get_config(v)) for v in recipe_cpu.VARIANTS}}
 
 
 def _unknown_keys(block, cls, where="model"):
