@@ -21,30 +21,6 @@ def test_loop_closure_cli(tiny_checkpoint, tmp_path, capsys):
   assert "LPIPS skipped" in capsys.readouterr().out
 
 
-def test_loop_closure_steps_and_shift_reach_the_sampler(tiny_checkpoint, tmp_path, monkeypatch):
-  """``--steps`` / ``--shift`` override the checkpoint's ``config.sample`` and are recorded with the results."""
-  from jaxwm.evaluation import loop_closure  # pylint: disable=g-import-not-at-top
-  from jaxwm.sampling import clips as clips_lib  # pylint: disable=g-import-not-at-top
-  workdir, _, _ = tiny_checkpoint
-  seen, make = [], clips_lib.make_sampler
-
-  def spy(model, variables, config, num_frames, num_steps=None, shift=None):
-    seen.append((num_steps, shift, config.sample.shift))
-    return make(model, variables, config, num_frames, num_steps, shift)
-
-  monkeypatch.setattr(clips_lib, "make_sampler", spy)
-  for n, args in enumerate([["--steps", "1", "--shift", "6.5"], ["--steps", "1"]]):
-    out = tmp_path / f"lc{n}"
-    assert loop_closure.main(["--checkpoint", str(workdir), "--clips", "1", "--frames", "3", "--out", str(out),
-                              *args]) == 0
-    recorded = json.loads(out.with_suffix(".json").read_text())["sampling"]
-    default_shift = seen[-1][2]
-    shift = 6.5 if "--shift" in args else default_shift
-    assert seen[-1][:2] == (1, 6.5 if "--shift" in args else None) and recorded == {"num_steps": 1, "shift": shift}
-    assert f"1 Euler steps per chunk, schedule shift {shift:g}." in out.with_suffix(".md").read_text()
-  assert default_shift != 6.5
-
-
 def test_palindrome_revisits_under_bounded_memory(tiny_checkpoint, tmp_path):
   from jaxwm.evaluation import loop_closure  # pylint: disable=g-import-not-at-top
   workdir, _, _ = tiny_checkpoint
