@@ -1,7 +1,7 @@
 """The CPU-scale recipe (RESULTS.md, "The CPU recipe"): return frames that recall the first view.
 
   python train.py --config configs/recipe_cpu.py        # width 192, 40,000 steps: about 2 hours on a 2-core CPU
-  python train.py --config configs/recipe_cpu.py:w384   # width 384, 12,000 steps: about 2 hours (being measured)
+  python train.py --config configs/recipe_cpu.py:w384   # width 384, 12,000 steps: about 2 hours (estimated)
 
 The tiny model and data layout, trained longer on four times the clips (1024 clips of 128 rooms), with
 palindromic windows mixed in (every palindrome's way back revisits its way out: more copying to learn),
@@ -9,7 +9,7 @@ an EMA of the weights for sampling, and the memory gain logged every 1000 steps.
 
 ``w384`` doubles the width (8 heads of 48 channels, ffn 768): a token carries 192 values, and copying the first
 view's token into the return frame while keeping the noisy input needs room for both in the residual stream; at
-2,000 steps its memory gain already exceeds the width-192 default's at 5,000 (RESULTS.md). About 2.5x the time per step.
+2,000 steps its memory gain already exceeds the width-192 default's at 5,000 (RESULTS.md). About 2.2x the time per step.
 """
 
 from configs import tiny
