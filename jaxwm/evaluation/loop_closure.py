@@ -111,8 +111,8 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   frames_n, stride, chunk = num_frames or d.num_frames, frame_stride or d.frame_stride, config.recipe.chunk_size
   grid = (d.image_size // d.latent_stride // model.cfg.patch_size[1], d.image_size // d.latent_stride //
           model.cfg.patch_size[2])
-  sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps,
-                                       shift=shift)  # shared by all clips
+  # One sampler, shared by all clips.
+  sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps, shift=shift)
   # Memory gain (teacher-forced, training layout): once per clip, independent of the memory policy.
   layout = make_layout("teacher_forcing", frames_n, chunk)
   gain_fn = memory_gain.model_apply_fn(model, variables["params"]) if gain else None
