@@ -372,7 +372,8 @@ def test_loop_closure_refuses_bad_inputs(tiny_checkpoint, scratch, capsys):
 
 def test_loop_closure_default_output_and_sampling_flags(tiny_checkpoint, tmp_path, capsys, monkeypatch):
   """Not into the repository's tracked results/: ``<workdir>/loop_closure/<family>_step<k>_<n>``, a new n per run.
-  ``--steps`` / ``--shift`` reach the sampler over the checkpoint's ``config.sample`` and are recorded."""
+  ``--steps`` / ``--shift`` override the checkpoint's ``config.sample``: the sampler's time grid is the closed form
+  ``s t / (1 + (s - 1) t)`` on ``t = 1, 1/2, 0``, and both are recorded."""
   from jaxwm.evaluation import loop_closure  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling import clips as clips_lib  # pylint: disable=g-import-not-at-top
   src, _, _ = tiny_checkpoint
@@ -381,17 +382,20 @@ def test_loop_closure_default_output_and_sampling_flags(tiny_checkpoint, tmp_pat
   seen, make = [], clips_lib.make_sampler
 
   def spy(model, variables, config, num_frames, num_steps=None, shift=None):
-    seen.append((num_steps, shift, config.sample.shift))
-    return make(model, variables, config, num_frames, num_steps, shift)
+    sampler = make(model, variables, config, num_frames, num_steps, shift)
+    seen.append((np.asarray(sampler.schedule), config.sample.shift))
+    return sampler
 
   monkeypatch.setattr(clips_lib, "make_sampler", spy)
   for n, flags in enumerate([["--shift", "6.5"], []]):
-    assert loop_closure.main(["--checkpoint", str(workdir / "checkpoints"), "--clips", "1", "--steps", "1",
+    assert loop_closure.main(["--checkpoint", str(workdir / "checkpoints"), "--clips", "1", "--steps", "2",
                               "--frames", "3", *flags]) == 0
     out = workdir / "loop_closure" / f"loops_step2_{n}"
     assert f"writing to {out}.json/.md" in capsys.readouterr().out
     saved = json.loads(out.with_suffix(".json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
-    shift = 6.5 if flags else seen[-1][2]
-    assert seen[-1][:2] == (1, 6.5 if flags else None) and saved["sampling"] == {"num_steps": 1, "shift": shift}
-    assert f"1 Euler steps per chunk, schedule shift {shift:g}." in out.with_suffix(".md").read_text()
-  assert seen[-1][2] != 6.5  # the checkpoint's own shift differs from the flag's
+    schedule, own = seen[-1]
+    s = 6.5 if flags else own
+    np.testing.assert_allclose(schedule, [1.0, 0.5 * s / (1 + 0.5 * (s - 1)), 0.0], rtol=1e-6, atol=1e-7)
+    assert saved["sampling"] == {"num_steps": 2, "shift": s}
+    assert f"2 Euler steps per chunk, schedule shift {s:g}." in out.with_suffix(".md").read_text()
+  assert own != 6.5  # the checkpoint's own shift differs from the flag's
