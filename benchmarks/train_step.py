@@ -4,6 +4,7 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
 
   python benchmarks/train_step.py                 # tiny and small configs, CPU
   python benchmarks/train_step.py --steps 20 --configs tiny
+  python benchmarks/train_step.py --configs recipe_w192,recipe_w384   # the CPU recipe's two widths
 
 Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update).
 """
@@ -20,7 +21,7 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configs import small, tiny  # noqa: E402
+from configs import recipe_cpu, small, tiny  # noqa: E402
 from jaxwm.config_checks import resolve_batch_size  # noqa: E402
 from jaxwm.models.config import ModelConfig  # noqa: E402
 from jaxwm.models.transformer import WanModel  # noqa: E402
@@ -131,19 +132,30 @@ def bench_torch(config, steps, threads):
   return (time.perf_counter() - t0) / steps, b * n_tok
 
 
+CONFIGS = {"tiny": tiny.get_config, "small": small.get_config,
+           "recipe_w192": lambda: recipe_cpu.get_config("w192"),
+           "recipe_w384": lambda: recipe_cpu.get_config("w384")}
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--configs", default="tiny,small")
   p.add_argument("--torch-threads", type=int, default=os.cpu_count())
   args = p.parse_args()
+  if args.steps < 1:
+    p.error(f"--steps: {args.steps} is not a positive integer")
+  names = args.configs.split(",")
+  for name in names:
+    if name not in CONFIGS:
+      p.error(f"--configs: {name!r} is not one of {sorted(CONFIGS)}")
   rate = matmul_rate()
   print(f"backend {jax.default_backend()}, {os.cpu_count()} cpus; measured float32 matmul rate "
         f"{rate / 1e9:.1f} GFLOP/s (2048^3)")
   print(f"{'config':>7} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} | "
         f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9}")
-  for name in args.configs.split(","):
-    config = {"tiny": tiny, "small": small}[name].get_config()
+  for name in names:
+    config = CONFIGS[name]()
     resolve_batch_size(config, 1)  # data.batch_size=0: per_device_batch_size on the one device used here
     config.train.workdir = "/tmp/jaxwm_bench"
     dt, tokens, flops = bench_jaxwm(config, args.steps)
