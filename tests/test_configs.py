@@ -45,3 +45,12 @@ def test_tiny_model_is_the_defaults_plus_its_overrides():
   implied = dataclasses.replace(ModelConfig(), dim=192, ffn_dim=384, camera=CameraConfig(encoding="viewrope"),
                                 loci=LociConfig(blocks=(1, 3)))
   assert ModelConfig.from_dict(tiny.get_config().model) == implied
+
+
+def test_recipe_default_is_the_measured_width_384_run():
+  c = recipe_cpu.get_config()  # what `--config configs/recipe_cpu.py` builds (RESULTS.md's final table)
+  assert (c.model.dim, c.model.num_heads, c.model.ffn_dim) == (384, 8, 768)
+  assert c.train.num_steps == 12000 and c.sample.num_steps <= 10 and c.data.num_clips == 1024
+  assert c.train.workdir == "runs/recipe_cpu_w384" != recipe_cpu.get_config("w192").train.workdir
+  with pytest.raises(ValueError, match="w999"):
+    recipe_cpu.get_config("w999")
