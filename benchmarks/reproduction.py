@@ -4,6 +4,8 @@ evaluate all of them on the same eval clips, write RESULTS.md.
   python benchmarks/reproduction.py                        # everything (hours on a 2-core CPU)
   python benchmarks/reproduction.py --steps 600 --seeds 0,1 --phase train
   python benchmarks/reproduction.py --steps 600 --seeds 0,1 --phase eval   # then report
+  python benchmarks/reproduction.py --scale w384 --arms viewrope,gta,rope3d --seeds 0 --steps 3000 \
+      --no-stages --sample-steps 4                           # Q1 on the width-384 recipe (its own section)
 
 ``all`` trains and evaluates one run after another (a run whose JSON is in ``results/repro/`` is skipped,
 so a later session continues where an earlier one stopped; ``runs/`` is scratch). Phases:
@@ -33,7 +35,17 @@ STAGES = ("stage1", "stage2", "stage3", "stage4")
 LANDMARK = {"recent": 1, "retrieved": 1, "stride": 0.5}
 CKPT_EVERY = 1000  # an interrupted arm resumes from its last checkpoint
 EVICTED = ("window", {"sink": 0, "window": 2})  # the first view evicted: the memory-less arm of the GIFs
-BEGIN, END = "<!-- reproduction:begin -->", "<!-- reproduction:end -->"
+SCALE_TEXT = {  # what the report says each scale's arms share
+    "tiny": ("The small reproduction", "The default job's model (`configs/tiny.py`: 4 blocks, width 192, 32x32 "
+             "frames, 9 latent frames, chunks of 2, EMA, a quarter palindromic windows)"),
+    "w384": ("The reproduction on the width-384 recipe", "The CPU recipe's model (`configs/recipe_cpu.py`: 4 "
+             "blocks, width 384, 32x32 frames, 9 latent frames, chunks of 2, 1024 training clips, a quarter "
+             "palindromic windows, lr 2e-3 cosine to 0, EMA)")}
+
+
+def _markers(scale):
+  tag = "reproduction" if scale == "tiny" else f"reproduction_{scale}"
+  return f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
 MEMORIES = {"full": ("full", {}), "window": ("window", {"window": 4}), "landmark": ("landmark", LANDMARK),
             "landmark_next": ("landmark", dict(LANDMARK, retrieve_by="next"))}
 
@@ -50,7 +62,7 @@ def _latest_step(workdir):
 
 def _jobs(args, seeds):
   """Every arm on the first seed, ``--seed-arms`` on all seeds."""
-  return [(arm, s) for s in seeds for arm in MAIN_ARMS if s == seeds[0] or arm in args.seed_arms]
+  return [(arm, s) for s in seeds for arm in args.arms if s == seeds[0] or arm in args.seed_arms]
 
 
 def _ordered_jobs(args, seeds):
@@ -75,7 +87,8 @@ def _train_one(args, arm, seed):
   if (_latest_step(wd) or 0) >= steps:
     print(f"[train] {arm} seed {seed}: done ({wd})", flush=True)
     return
-  cmd = [sys.executable, "train.py", f"--config=configs/repro.py:{arm}", f"--config.seed={seed}",
+  scale = "" if args.scale == "tiny" else f",{args.scale}"
+  cmd = [sys.executable, "train.py", f"--config=configs/repro.py:{arm}{scale}", f"--config.seed={seed}",
          f"--config.train.num_steps={steps}", f"--config.train.ckpt_every={min(steps, CKPT_EVERY)}",
          f"--workdir={wd}"]
   if stage and arm != "stage1":
@@ -195,13 +208,14 @@ def report(args, seeds):
   wanted = [(a, s) for a, s in _ordered_jobs(args, seeds) if _evaluated(a)]
   missing = [f"{a} s{s}" for a, s in wanted if (a, s) not in results]
   seeds = [s for s in seeds if any((a, s) in results for a in MAIN_ARMS)]
-  lines = ["# The small reproduction", "",
+  title, model = SCALE_TEXT[args.scale]
+  flags = "" if args.scale == "tiny" else f" --scale {args.scale} --arms {','.join(args.arms)}"
+  lines = [f"# {title}", "",
            "Produced by `benchmarks/reproduction.py` (see its docstring; it rewrites only this section of "
-           "RESULTS.md); every number below comes from the run recorded here. The default job's model "
-           "(`configs/tiny.py`: 4 blocks, width 192, 32x32 frames, 9 latent frames, chunks of 2, EMA, a quarter "
-           "palindromic windows) on the procedural scenes; every arm has the same channels, data, steps and seeds.",
+           f"RESULTS.md); every number below comes from the run recorded here. {model} on the procedural scenes; "
+           "every arm has the same channels, data, steps and seeds.",
            "",
-           f"- Command: `python benchmarks/reproduction.py --steps {args.steps} --seeds "
+           f"- Command: `python benchmarks/reproduction.py{flags} --steps {args.steps} --seeds "
            f"{','.join(map(str, seeds))} --seed-arms {','.join(args.seed_arms)}"
            f"{'' if args.stages else ' --no-stages'} --clips {args.clips} --palindromes {args.palindromes} "
            f"--sample-steps {args.sample_steps} --top-k {','.join(map(str, args.top_k))}`",
@@ -260,7 +274,7 @@ def report(args, seeds):
     rows = [r for s in arm_seeds for r in results[(arm, s)]["settings"]["loops"]]
     stats = [lc.mean_ci(r.get("return_ssim") for r in rows if r["magnitude"] == mag) for mag in (30, 45, 75, 90, 180)]
     lines.append(f"| {arm} | " + " | ".join(f"{m:.3f}" for m, _ in stats) + " |")
-  figs = lc.figures(str(ROOT / "results" / "repro"), {
+  figs = lc.figures(str(args.results), {
       arm: [r for s in seeds if (arm, s) in results for r in results[(arm, s)]["settings"]["loops"]] for arm in arms},
                     "loops")
   lines += ["", "Figures (all seeds and clips; attention maps: layers down, key frames of the teacher-forced probe "
@@ -321,16 +335,16 @@ def report(args, seeds):
         f"{mem} - window "
         f"{_fmt(paired('viewrope', 'viewrope', f'palindrome {mem}', 'palindrome window', 'needle_ssim'))}"
         for mem in MEMORIES if mem != "window")]
-  _write_section(ROOT / "RESULTS.md", "\n".join(lines))
+  _write_section(ROOT / "RESULTS.md", "\n".join(lines), *_markers(args.scale))
   print("\n".join(lines))
 
 
-def _write_section(path, text):
-  """Replaces the text between BEGIN and END in ``path`` (appends the section when it has none)."""
+def _write_section(path, text, begin, end):
+  """Replaces the text between ``begin`` and ``end`` in ``path`` (appends the section when it has none)."""
   old = path.read_text() if path.exists() else ""
-  block = f"{BEGIN}\n{text}\n{END}"
-  if BEGIN in old and END in old:
-    new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+  block = f"{begin}\n{text}\n{end}"
+  if begin in old and end in old:
+    new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
   else:
     new = old.rstrip("\n") + ("\n\n" if old else "") + block + "\n"
   path.write_text(new)
@@ -341,17 +355,28 @@ def main(argv=None):
   p.add_argument("--phase", default="all", choices=["all", "train", "eval", "report"])
   p.add_argument("--steps", type=int, default=4000, help="training steps per arm (each stage gets a quarter)")
   p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--scale", default="tiny", choices=SCALE_TEXT, help="the model every arm changes (configs/repro.py)")
+  p.add_argument("--arms", default=",".join(MAIN_ARMS), help="the arms to run (progressive stages: --no-stages)")
   p.add_argument("--seed-arms", default=",".join(MAIN_ARMS), help="arms trained on every seed (others: the first)")
   p.add_argument("--no-stages", dest="stages", action="store_false", help="skip the progressive stages I-IV")
   p.add_argument("--clips", type=int, default=35)
   p.add_argument("--palindromes", type=int, default=20)
   p.add_argument("--sample-steps", type=int, default=10)
   p.add_argument("--top-k", default="1,2,5", help="inference top_k sweep for frame_topk")
-  p.add_argument("--runs", default=str(ROOT / "runs" / "repro"))
-  p.add_argument("--results", default=str(ROOT / "results" / "repro"))
+  p.add_argument("--runs", default=None, help="scratch (default runs/repro, runs/repro_w384 at scale w384)")
+  p.add_argument("--results", default=None, help="JSON per run (default results/repro, results/repro_w384)")
   args = p.parse_args(argv)
   args.top_k = [int(k) for k in args.top_k.split(",")]
   args.seed_arms = args.seed_arms.split(",")
+  args.arms = args.arms.split(",")
+  bad = [a for a in args.arms + args.seed_arms if a not in MAIN_ARMS]
+  if bad:
+    p.error(f"--arms/--seed-arms: {bad[0]!r} is not one of {MAIN_ARMS}")
+  if args.scale != "tiny" and args.stages:
+    p.error(f"--scale {args.scale}: the progressive stages exist at scale 'tiny' only; add --no-stages")
+  suffix = "" if args.scale == "tiny" else f"_{args.scale}"
+  args.runs = args.runs or str(ROOT / "runs" / f"repro{suffix}")
+  args.results = args.results or str(ROOT / "results" / f"repro{suffix}")
   seeds = [int(s) for s in args.seeds.split(",")]
   os.chdir(ROOT)
   if args.phase == "all":

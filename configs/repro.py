@@ -18,10 +18,16 @@ named ingredient changes:
   starting from the previous stage's parameters (``train.init_from``): I short clips, teacher
   forcing, no camera encoding; II ViewRope on; III frame-sparse attention on, moderate clips;
   IV twice the context (17 latent frames).
+
+A second scale, ``<arm>,w384`` (e.g. ``configs/repro.py:gta,w384``), puts the same single change on the
+CPU recipe (configs/recipe_cpu.py: width 384, 1024 clips, lr 2e-3 cosine to 0, 4 Euler steps), whose
+models reconstruct the return view; ``benchmarks/reproduction.py --scale w384`` runs it. The progressive
+stages exist at the tiny scale only.
 """
 
-from configs import tiny
+from configs import recipe_cpu, tiny
 
+SCALES = ("tiny", "w384")
 ARMS = ("rope3d", "gta", "viewrope", "sliding_window", "frame_topk", "loci", "viewrope_df",
         "stage1", "stage2", "stage3", "stage4")
 BUDGET = 3  # history frames for sliding_window / frame_topk
@@ -29,13 +35,24 @@ STAGE_FRACTION = 0.25  # each progressive stage trains this share of train.num_s
 
 
 def get_config(arm="viewrope"):
+  """``arm`` or ``arm,scale``: one of ARMS on the tiny model (default) or on the width-384 recipe."""
+  arm, _, scale = arm.partition(",")
+  scale = scale or "tiny"
   if arm not in ARMS:
     raise ValueError(f"configs/repro.py: arm must be one of {ARMS}; got {arm!r}")
-  c = tiny.get_config()
-  c.train.update(num_steps=900, ckpt_every=300, sample_every=0, workdir=f"runs/repro/{arm}")
-  # What every arm's runs used (tiny's defaults until 2026-12-01); the report samples with --sample-steps.
-  c.optim.update(lr=1e-3, end_lr_ratio=0.1)
-  c.sample.num_steps = 10
+  if scale not in SCALES:
+    raise ValueError(f"configs/repro.py:{arm},{scale}: scale must be one of {SCALES}")
+  if scale == "w384":
+    if arm.startswith("stage"):
+      raise ValueError(f"configs/repro.py:{arm},{scale}: the progressive stages exist at scale 'tiny' only")
+    c = recipe_cpu.get_config("w384")  # its schedule, data, EMA and 4 Euler steps
+    c.train.update(num_steps=3000, ckpt_every=1000, sample_every=0, workdir=f"runs/repro_w384/{arm}")
+  else:
+    c = tiny.get_config()
+    c.train.update(num_steps=900, ckpt_every=300, sample_every=0, workdir=f"runs/repro/{arm}")
+    # What every arm's runs used (tiny's defaults until 2026-12-01); the report samples with --sample-steps.
+    c.optim.update(lr=1e-3, end_lr_ratio=0.1)
+    c.sample.num_steps = 10
   c.model.attention.update(top_k=BUDGET, window=BUDGET)
   if arm in ("rope3d", "gta"):
     c.model.camera.encoding = arm

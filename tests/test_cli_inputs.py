@@ -190,7 +190,8 @@ def test_tiny_config_and_every_shipped_config_pass():
   from configs import repro, small, tiny, wan22_ti2v_5b  # pylint: disable=g-import-not-at-top
   from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
   for make in [tiny.get_config, small.get_config, wan22_ti2v_5b.get_config] + [
-      (lambda arm=arm: repro.get_config(arm)) for arm in repro.ARMS if not arm.startswith("stage")]:
+      (lambda arm=arm: repro.get_config(arm + scale)) for arm in repro.ARMS if not arm.startswith("stage")
+      for scale in ("", ",w384")]:
     c = make()
     config_checks.validate(c, num_devices=8)
     assert c.data.batch_size == 32
@@ -399,3 +400,23 @@ def test_loop_closure_default_output_and_sampling_flags(tiny_checkpoint, tmp_pat
     assert saved["sampling"] == {"num_steps": 2, "shift": s}
     assert f"2 Euler steps per chunk, schedule shift {s:g}." in out.with_suffix(".md").read_text()
   assert own != 6.5  # the checkpoint's own shift differs from the flag's
+
+
+@pytest.mark.parametrize("args,expected", [
+    ("--arms viewrope,spiral", ["--arms", "'spiral'", "rope3d"]),
+    ("--seed-arms nope", ["--seed-arms", "'nope'"]),
+    ("--scale w384 --arms gta", ["--scale w384", "--no-stages"]),
+    ("--scale w999", ["--scale", "w999"]),
+])
+def test_reproduction_refuses_bad_inputs(args, expected, capsys, tmp_path):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("reproduction", ROOT / "benchmarks" / "reproduction.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  with pytest.raises(SystemExit) as e:
+    mod.main([*args.split(), "--runs", str(tmp_path / "r"), "--results", str(tmp_path / "j")])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  for piece in expected:
+    assert piece in err, (piece, err)
+  assert not any(tmp_path.iterdir())

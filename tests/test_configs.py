@@ -10,6 +10,8 @@ from jaxwm.models.config import AttentionConfig, CameraConfig, LociConfig, Model
 
 CONFIGS = {"tiny": tiny.get_config, "small": small.get_config, "wan22_ti2v_5b": wan22_ti2v_5b.get_config,
            **{f"repro:{arm}": (lambda arm=arm: repro.get_config(arm)) for arm in repro.ARMS},
+           **{f"repro:{arm},w384": (lambda arm=arm: repro.get_config(f"{arm},w384"))
+              for arm in repro.ARMS if not arm.startswith("stage")},
            **{f"recipe_cpu:{v}": (lambda v=v: recipe_cpu.get_config(v)) for v in recipe_cpu.VARIANTS}}
 
 
@@ -54,3 +56,22 @@ def test_recipe_default_is_the_measured_width_384_run():
   assert c.train.workdir == "runs/recipe_cpu_w384" != recipe_cpu.get_config("w192").train.workdir
   with pytest.raises(ValueError, match="w999"):
     recipe_cpu.get_config("w999")
+
+
+@pytest.mark.parametrize("arm", ["rope3d", "gta", "loci", "frame_topk"])
+def test_repro_w384_arm_is_the_recipe_plus_one_change(arm):
+  """At scale w384 an arm differs from the recipe only in its ingredient (and its schedule length/workdir)."""
+  c, base, tiny_arm = repro.get_config(f"{arm},w384"), recipe_cpu.get_config("w384"), repro.get_config(arm)
+  assert (c.model.dim, c.optim.lr, c.sample.num_steps, c.data.num_clips) == (
+      base.model.dim, base.optim.lr, base.sample.num_steps, base.data.num_clips)
+  assert c.train.workdir == f"runs/repro_w384/{arm}" != tiny_arm.train.workdir
+  for key in ("camera", "attention", "loci"):  # the ingredient is the tiny arm's
+    assert c.model[key].to_dict() == tiny_arm.model[key].to_dict()
+  assert c.recipe.layout == tiny_arm.recipe.layout
+
+
+@pytest.mark.parametrize("arg,match", [("gta,w999", "scale must be one of"), ("stage2,w384", "tiny' only"),
+                                       ("nope", "arm must be one of")])
+def test_repro_bad_arm_or_scale_names_it(arg, match):
+  with pytest.raises(ValueError, match=match):
+    repro.get_config(arg)
