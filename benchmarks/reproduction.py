@@ -216,14 +216,16 @@ def report(args, seeds):
            "every arm has the same channels, data, steps and seeds.",
            "",
            f"- Command: `python benchmarks/reproduction.py{flags} --steps {args.steps} --seeds "
-           f"{','.join(map(str, seeds))} --seed-arms {','.join(args.seed_arms)}"
+           f"{','.join(map(str, seeds))} --seed-arms {','.join(a for a in args.seed_arms if a in args.arms)}"
            f"{'' if args.stages else ' --no-stages'} --clips {args.clips} --palindromes {args.palindromes} "
            f"--sample-steps {args.sample_steps} --top-k {','.join(map(str, args.top_k))}`",
            f"- Seeds: {seeds} (training seed = `config.seed`; sampling noise seeded per clip, identical across arms)",
            f"- Eval: {args.clips} rotate-away-and-back loops (eval split, 5 magnitudes x 7 axis combinations), "
            f"{args.palindromes} palindromes; {args.sample_steps} Euler steps per chunk.",
            "- Intervals: 95% bootstrap over seeds, then clips (2000 resamples); paired differences resample the "
-           "same (seed, clip) cells for both arms.",
+           "same (seed, clip) cells for both arms." + (
+               " With one seed they cover the clips only, not the spread between training seeds."
+               if len(seeds) == 1 else ""),
            f"- Runs: {len(wanted) - len(missing)} of {len(wanted)} evaluated" + (
                f"; **partial**, not yet run: {', '.join(missing)} (the command above continues where it stopped; "
                "every interval below covers only the runs present)" if missing else ""), ""]
@@ -281,25 +283,27 @@ def report(args, seeds):
             "across, history only, first clip of the first seed; selection maps: red = selected):", ""]
   lines += [f"![{pathlib.Path(f).stem}]({pathlib.Path(f).relative_to(ROOT)})" for f in figs]
 
-  lines += ["", "## Sparsity, recurrent memory and the progressive recipe", "",
-            "Paired differences (first arm minus second) on the loops; an interval above 0 favours the first arm. "
-            "`sliding_window` and `frame_topk` attend 3 history frames; `viewrope` is the dense arm; `loci - "
-            "viewrope_df` isolates the recurrent memory (same diffusion-forcing layout), `viewrope_df - viewrope` "
-            "the layout.", "",
-            "| comparison | return_psnr diff | return_ssim diff | psnr diff (all frames) |",
-            "| --- | --- | --- | --- |"]
+  rows = []
   for a, b in (("frame_topk", "sliding_window"), ("frame_topk", "viewrope"), ("sliding_window", "viewrope"),
                ("loci", "viewrope"), ("loci", "viewrope_df"), ("viewrope_df", "viewrope"), ("stage4", "frame_topk")):
     if any((a, s) in results for s in seeds) and any((b, s) in results for s in seeds):
-      lines.append(f"| {a} - {b} | " + " | ".join(_fmt(paired(a, b, "loops", "loops", m))
-                                                  for m in ("return_psnr", "return_ssim", "psnr")) + " |")
+      rows.append(f"| {a} - {b} | " + " | ".join(_fmt(paired(a, b, "loops", "loops", m))
+                                                 for m in ("return_psnr", "return_ssim", "psnr")) + " |")
+  if rows:  # sections whose arms did not run are left out
+    lines += ["", "## Sparsity, recurrent memory and the progressive recipe", "",
+              "Paired differences (first arm minus second) on the loops; an interval above 0 favours the first arm. "
+              "`sliding_window` and `frame_topk` attend 3 history frames; `viewrope` is the dense arm; `loci - "
+              "viewrope_df` isolates the recurrent memory (same diffusion-forcing layout), `viewrope_df - viewrope` "
+              "the layout.", "",
+              "| comparison | return_psnr diff | return_ssim diff | psnr diff (all frames) |",
+              "| --- | --- | --- | --- |"] + rows
 
-  lines += ["", "## Q2: does excluding the selected frames hurt more than random selection? (frame_topk arm)", "",
+  fs = [s for s in seeds if ("frame_topk", s) in results]
+  if fs:
+    lines += ["", "## Q2: does excluding the selected frames hurt more than random selection? (frame_topk arm)", "",
             "Same model, selection changed at inference only. Paired differences against the trained top-k "
             "selection (negative = worse than top-k).", "",
             "| setting | return_psnr | return_ssim | diff return_ssim vs topk |", "| --- | --- | --- | --- |"]
-  fs = [s for s in seeds if ("frame_topk", s) in results]
-  if fs:
     for setting in results[("frame_topk", fs[0])]["settings"]:
       if not setting.startswith("loops"):
         continue
