@@ -41,13 +41,14 @@ SCALE_TEXT = {  # what the report says each scale's arms share
     "w384": ("The reproduction on the width-384 recipe", "The CPU recipe's model (`configs/recipe_cpu.py`: 4 "
              "blocks, width 384, 32x32 frames, 9 latent frames, chunks of 2, 1024 training clips, a quarter "
              "palindromic windows, lr 2e-3 cosine to 0, EMA)")}
+MEMORIES = {"full": ("full", {}), "window": ("window", {"window": 4}), "landmark": ("landmark", LANDMARK),
+            "landmark_next": ("landmark", dict(LANDMARK, retrieve_by="next"))}
 
 
 def _markers(scale):
+  """The RESULTS.md comments around the report of ``scale``."""
   tag = "reproduction" if scale == "tiny" else f"reproduction_{scale}"
   return f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
-MEMORIES = {"full": ("full", {}), "window": ("window", {"window": 4}), "landmark": ("landmark", LANDMARK),
-            "landmark_next": ("landmark", dict(LANDMARK, retrieve_by="next"))}
 
 
 def run_dir(runs, arm, seed):
@@ -301,9 +302,9 @@ def report(args, seeds):
   fs = [s for s in seeds if ("frame_topk", s) in results]
   if fs:
     lines += ["", "## Q2: does excluding the selected frames hurt more than random selection? (frame_topk arm)", "",
-            "Same model, selection changed at inference only. Paired differences against the trained top-k "
-            "selection (negative = worse than top-k).", "",
-            "| setting | return_psnr | return_ssim | diff return_ssim vs topk |", "| --- | --- | --- | --- |"]
+              "Same model, selection changed at inference only. Paired differences against the trained top-k "
+              "selection (negative = worse than top-k).", "",
+              "| setting | return_psnr | return_ssim | diff return_ssim vs topk |", "| --- | --- | --- | --- |"]
     for setting in results[("frame_topk", fs[0])]["settings"]:
       if not setting.startswith("loops"):
         continue
