@@ -65,9 +65,14 @@ def test_repro_w384_arm_is_the_recipe_plus_one_change(arm):
   assert (c.model.dim, c.optim.lr, c.sample.num_steps, c.data.num_clips) == (
       base.model.dim, base.optim.lr, base.sample.num_steps, base.data.num_clips)
   assert c.train.workdir == f"runs/repro_w384/{arm}" != tiny_arm.train.workdir
-  for key in ("camera", "attention", "loci"):  # the ingredient is the tiny arm's
+  ingredients = ("camera", "attention", "loci")
+  for key in ingredients:  # the ingredient is the tiny arm's
     assert c.model[key].to_dict() == tiny_arm.model[key].to_dict()
   assert c.recipe.layout == tiny_arm.recipe.layout
+  rest = lambda m: {k: v for k, v in m.to_dict().items() if k not in ingredients}  # noqa: E731
+  assert rest(c.model) == rest(base.model)  # everything else is the recipe's
+  assert any(c.model[k].to_dict() != base.model[k].to_dict() for k in ingredients) or (
+      c.recipe.layout != base.recipe.layout)  # and the arm does change something
 
 
 @pytest.mark.parametrize("arg,match", [("gta,w999", "scale must be one of"), ("stage2,w384", "tiny' only"),
