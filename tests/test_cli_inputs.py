@@ -280,6 +280,7 @@ SAMPLE_BAD = [
     ("--out half.gif", ["--out='half.gif'", "half.json exists"]),
     ("--out .", ["--out='.'"]),
     ("--preset yaw90", ["--image"]),
+    ("--image first.png --family walks", ["--family='walks'", "--image brings its own first frame"]),
     ("--image first.png --preset spin90", ["--preset='spin90'", "unknown preset"]),
     ("--image missing.png", ["--image='missing.png'", "no such file"]),
     ("--image notes.png", ["--image='notes.png'", "not a readable image"]),

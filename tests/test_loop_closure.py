@@ -19,6 +19,29 @@ def test_loop_closure_cli(tiny_checkpoint, tmp_path, capsys):
   assert "| magnitude | clips |" in md and "| axes | clips |" in md and "covis_mass" in md
   assert (tmp_path / "lc_return_ssim.png").exists() and list(tmp_path.glob("lc_*_attention.png"))
   assert "LPIPS skipped" in capsys.readouterr().out
+  # Co-visible score: the yaw-30 and yaw-45 loops keep part of the first view in sight on every in-between frame.
+  for r in rows:
+    assert r["covis_frames"] == len(r["covis_per_frame"]) == r["return_frame"] - 1
+    # 16x16 frames rendered at 16x16: the bilinear warp is coarse, still far above the baselines.
+    assert r["warp_covis_psnr"] > max(r["copy_covis_psnr"], r["mean_covis_psnr"]) + 5
+    assert r["covis_psnr"] < r["warp_covis_psnr"]
+    assert 0 < r["covis_fraction"] < 1 and r["revealed_psnr"] is not None
+  assert "co-visible PSNR" in md and "warp_covis_psnr" in md
+
+
+def test_walks_family_is_scored_on_every_generated_frame(tiny_checkpoint, tmp_path):
+  from jaxwm.data.procedural.trajectories import WALKS  # pylint: disable=g-import-not-at-top
+  from jaxwm.evaluation import loop_closure  # pylint: disable=g-import-not-at-top
+  workdir, c, _ = tiny_checkpoint
+  out = tmp_path / "walks"
+  assert loop_closure.main(["--checkpoint", str(workdir), "--clips", "5", "--steps", "1", "--out", str(out),
+                            "--family", "walks", "--split", "train"]) == 0
+  data = json.loads(out.with_suffix(".json").read_text())
+  (rows,) = data["settings"].values()
+  assert data["split"] == "train" and [r["family"] for r in rows] == list(WALKS)
+  assert all(len(r["covis_per_frame"]) == c.data.num_frames - 1 and r["covis_frames"] >= 1 for r in rows)
+  md = out.with_suffix(".md").read_text()
+  assert "| family | clips |" in md and "training rooms" in md and "co-visible PSNR" in md
 
 
 def test_palindrome_revisits_under_bounded_memory(tiny_checkpoint, tmp_path):

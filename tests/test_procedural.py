@@ -186,3 +186,38 @@ def test_grain_loader_matches_direct_indexing():
   for x in got:
     i = (int(x["trajectory_seed"]) - 0) // 2
     np.testing.assert_array_equal(x["frames"], src[i]["frames"])
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward", "sideways", "orbit", "move_rotate"])
+def test_walks_move_as_named_and_stay_in_the_zone(kind):
+  from jaxwm.data.procedural import trajectories as traj  # pylint: disable=g-import-not-at-top
+  zone = np.array([[-1.0, -0.5, -1.2], [1.0, 0.5, 1.2]])
+  c2w = traj.walk(np.random.default_rng(3), zone, kind, 17)
+  pos, rot = c2w[:, :3, 3], c2w[:, :3, :3]
+  assert ((pos >= zone[0] - 1e-9) & (pos <= zone[1] + 1e-9)).all()
+  np.testing.assert_allclose(np.einsum("fij,fkj->fik", rot, rot), np.tile(np.eye(3), (17, 1, 1)), atol=1e-9)
+  step = pos[-1] - pos[0]
+  r0 = rot[0]
+  yaw = np.degrees(np.arccos(np.clip((np.trace(r0.T @ rot[-1]) - 1) / 2, -1, 1)))
+  if kind in ("forward", "backward", "sideways"):
+    axis = r0[:, 0] if kind == "sideways" else r0[:, 2] * (1 if kind == "forward" else -1)
+    axis_h = axis * np.array([1, 0, 1])  # the walk is level: along the heading, without the pitch
+    np.testing.assert_allclose(abs(step @ axis_h) / np.linalg.norm(axis_h), traj.WALK_LENGTH_M, rtol=1e-6)
+    assert step @ axis > 0 or kind == "sideways"
+    assert yaw == pytest.approx(0, abs=1e-6)
+  elif kind == "orbit":
+    assert yaw == pytest.approx(traj.ORBIT_DEG, abs=1e-6)
+    # The orbit centre sits ORBIT_RADIUS_M ahead (level) of every pose.
+    fwd = rot[:, :, 2] * np.array([1, 0, 1])
+    centres = pos + traj.ORBIT_RADIUS_M * fwd / np.linalg.norm(fwd, axis=1, keepdims=True)
+    np.testing.assert_allclose(centres, np.repeat(centres[:1], 17, 0), atol=1e-9)
+  else:
+    assert yaw == pytest.approx(traj.MOVE_ROTATE_DEG, abs=1e-6)
+    assert np.linalg.norm(step) == pytest.approx(0.6 * traj.WALK_LENGTH_M)
+
+
+def test_walks_eval_family_cycles_the_kinds():
+  from jaxwm.data.procedural import WALKS, ProceduralClips  # pylint: disable=g-import-not-at-top
+  src = ProceduralClips("eval", num_clips=6, num_frames=5, image_hw=(16, 16), family="walks")
+  assert [str(src[i]["family"]) for i in range(6)] == list(WALKS) + [WALKS[0]]
+  assert int(src[0]["return_frame"]) == -1

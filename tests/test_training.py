@@ -120,6 +120,14 @@ def test_train_then_sample(tiny_checkpoint, tmp_path):
   report = json.loads(out.with_suffix(".json").read_text())
   assert report["checkpoint_step"] == 2 and len(report["psnr"]) == c.data.num_frames
   assert report["return_frame"] == 4 and np.isfinite(report["loop_closure_psnr"])
+  cov = report["covisible"]  # eval clip 3: yaw 180 degrees; frames 1-3 of the window are scored
+  assert [f["frame"] for f in cov["per_frame"]] == [1, 2, 3]
+  assert cov["covis_frames"] == sum(f["covis_psnr"] is not None for f in cov["per_frame"])
+  walk = tmp_path / "w.gif"
+  assert sample.main(["--workdir", str(workdir), "--family", "walks", "--clip", "2", "--steps", "1",
+                      "--out", str(walk)]) == 0
+  cov = json.loads(walk.with_suffix(".json").read_text())["covisible"]
+  assert len(cov["per_frame"]) == c.data.num_frames - 1 and cov["covis_frames"] >= 1 and cov["warp_covis_psnr"] > 30
   assert sample.main(["--workdir", str(tmp_path / "nothing")]) == 2
 
 

@@ -59,6 +59,9 @@ def _parser():
   p.add_argument("--workdir", default="runs/tiny", help="training workdir or checkpoint directory")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   p.add_argument("--clip", type=int, default=0, help="procedural eval clip (>= 0) for the first frame and trajectory")
+  p.add_argument("--family", default="loops", choices=("loops", "walks"),
+                 help="eval clips: loops (the 35 rotation loops) or walks (translations: forward, backward, sideways, "
+                      "orbit, move_rotate)")
   p.add_argument("--image", help="first frame from an image file instead of a procedural clip")
   p.add_argument("--trajectory", help="RealEstate10K-format camera file (needs --image)")
   p.add_argument("--scale_divisor", type=float, default=None,
@@ -110,6 +113,8 @@ def _check_args(args):
     raise Refusal(f"--seed={args.seed}: must be in [0, {MAX_SEED}]")
   if (args.trajectory or args.preset) and not args.image:
     raise Refusal("--trajectory/--preset need --image (a procedural clip brings its own trajectory)")
+  if args.family != "loops" and args.image:
+    raise Refusal(f"--family={args.family!r}: chooses a procedural eval clip; --image brings its own first frame")
   if args.trajectory and args.preset:
     raise Refusal(f"--trajectory={args.trajectory!r} and --preset={args.preset!r}: give one of them")
   if args.scale_divisor is not None and not args.trajectory:
@@ -229,10 +234,10 @@ def _main(argv):
       source = f"{pathlib.Path(args.image).stem}_{preset}"
     clip = {"frames": first[None], "c2w": c2w, "intrinsics": k}
   else:
-    clip = eval_clip(config, args.clip, num_frames=frames_n)
+    clip = eval_clip(config, args.clip, num_frames=frames_n, family=args.family)
     gt, ret, meta = clip["frames"], clip["return_frame"], clip["meta"]
     first = gt[0]
-    source = f"clip{args.clip}"
+    source = f"clip{args.clip}" if args.family == "loops" else f"{args.family}{args.clip}"
     print(f"eval clip {args.clip}: {meta['family']} {meta['axes']} {meta['magnitude_deg']:g} deg")
   try:
     validate_cameras(clip["c2w"], clip["intrinsics"])
@@ -280,6 +285,18 @@ def _main(argv):
                   f"(mean colour {bl['mean_return_psnr']:.2f} / {bl['mean_return_ssim']:.3f})")
     if "between_psnr" in sc:
       summary += f"; in between PSNR {sc['between_psnr']:.2f} dB (copy first {bl['copy_between_psnr']:.2f})"
+    if ret != 1:  # frames in between (no return frame: every generated frame)
+      from jaxwm.evaluation import covisible  # pylint: disable=g-import-not-at-top
+      d = config.data
+      cs, per_frame = covisible.clip_scores(video, gt, meta["source"], clip["frame_index"],
+                                            d.render_size // d.image_size, range(1, ret if ret >= 1 else frames_n))
+      report["covisible"] = {**cs, "per_frame": per_frame}
+      if cs["covis_psnr"] is None:
+        summary += "; co-visible: no frame keeps 5% of the first view in sight (no score)"
+      else:
+        summary += (f"; co-visible PSNR {cs['covis_psnr']:.2f} dB over {cs['covis_frames']} frames (depth warp "
+                    f"{cs['warp_covis_psnr']:.2f}, mean colour {cs['mean_covis_psnr']:.2f}, copy "
+                    f"{cs['copy_covis_psnr']:.2f})")
   elif ret >= 0:
     summary = f"loop-closure PSNR {report['loop_closure_psnr']:.2f} dB"
   panels = {"generated": video} if gt is None else {"ground truth": gt, "generated": video}

@@ -2,7 +2,7 @@
 clips from their first frame and trajectory and score what comes back.
 
   python -m jaxwm.evaluation.loop_closure --checkpoint runs/tiny [--clips 35] [--lpips lpips_alex.npz]
-      [--family loops|palindrome] [--memory full,window,landmark] [--selection topk,random,exclude_selected]
+      [--family loops|palindrome|walks] [--split eval|train] [--memory full,window,landmark] [--selection topk,random,exclude_selected]
       [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--steps 4] [--shift 3]
       [--out <path>] [--overwrite]
 
@@ -46,9 +46,12 @@ import numpy as np
 from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, run_dir, write_json, write_text
 from jaxwm.utils.cli import run as run_cli
 
+COVIS_COLS = ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
+              "mean_revealed_psnr", "covis_fraction", "covis_frames")
 LOOP_COLS = ("psnr", "ssim", "lpips", "between_psnr", "return_psnr", "return_ssim", "return_lpips", "gain_0.5",
              "gain_0.8", "gain_1", "remembers", "mean_psnr", "mean_return_psnr", "mean_return_ssim",
-             "copy_between_psnr", "covis_mass", "covis_chance")
+             "copy_between_psnr") + COVIS_COLS + ("covis_mass", "covis_chance")
+WALK_COLS = ("psnr", "ssim", "lpips", "mean_psnr") + COVIS_COLS
 PALINDROME_COLS = ("psnr", "ssim", "lpips", "revisit_psnr", "revisit_ssim", "revisit_lpips", "needle_ssim",
                    "needle_resident")
 
@@ -77,6 +80,30 @@ def table(rows, key, cols):
   return "\n".join(lines)
 
 
+def pooled_covis(rows):
+  """Frame-pooled co-visible scores of evaluated rows: ``{column: mean over every scored frame}`` plus ``frames`` (with
+  a co-visible score) and ``of`` (frames scored at all)."""
+  frames = [f for r in rows for f in r.get("covis_per_frame", [])]
+  out = {"frames": sum(f["covis_psnr"] is not None for f in frames), "of": len(frames)}
+  for k in ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
+            "mean_revealed_psnr", "covis_fraction"):
+    vals = [f[k] for f in frames if f.get(k) is not None]
+    out[k] = float(np.mean(vals)) if vals else None
+  return out
+
+
+def covis_headline(rows):
+  """One line: the frame-pooled co-visible PSNR of the model and the references, and the revealed pixels'."""
+  p = pooled_covis(rows)
+  if not p["frames"]:
+    return f"no frame has co-visible pixels (0 of {p['of']} frames); no co-visible score"
+  f = lambda v: "-" if v is None else f"{v:.2f}"
+  return (f"co-visible PSNR {f(p['covis_psnr'])} dB (SSIM {f(p['covis_ssim'])}) over {p['frames']} of {p['of']} "
+          f"frames ({100 * p['covis_fraction']:.0f}% of their pixels); references on the same pixels: warp "
+          f"{f(p['warp_covis_psnr'])}, copy {f(p['copy_covis_psnr'])}, mean {f(p['mean_covis_psnr'])} dB; newly "
+          f"revealed pixels {f(p['revealed_psnr'])} dB (mean colour {f(p['mean_revealed_psnr'])})")
+
+
 def revisit_pairs(return_frame, max_pairs=5):
   """Mirror pairs ``(t, r - t)`` of a palindrome returning at ``r`` (ReWorld §4.3): ``t`` in the first
   fifth of the ``r + 1`` frames, gap ``r - 2t >= (r + 1) / 2``, at most ``max_pairs``."""
@@ -86,18 +113,21 @@ def revisit_pairs(return_frame, max_pairs=5):
 
 def evaluate(config, model, variables, *, clips=35, family="loops", memory="full", memory_kwargs=None,
              lpips_params=None, seed=0, steps=None, shift=None, num_frames=None, frame_stride=None, probe=False,
-             gain=True):
+             gain=True, split="eval"):
   """Streams ``clips`` eval clips of ``family`` (``loops`` or ``palindrome``); returns one dict per clip.
 
+  ``split="train"`` streams the same trajectories in training rooms (what was memorised, not seen).
   ``num_frames`` / ``frame_stride`` default to the training config's; ``steps`` / ``shift`` (Euler steps per
   chunk, schedule shift) to ``config.sample``'s. ``probe`` (loops only) adds
   the co-visible attention statistics of the return frame (:mod:`jaxwm.evaluation.attention_probe`).
   Every row has the model's scores and both baselines' (:mod:`jaxwm.evaluation.baselines`); ``gain``
-  (loops) adds the memory gain ``gain_<t>`` (:mod:`jaxwm.evaluation.memory_gain`).
+  (loops) adds the memory gain ``gain_<t>`` (:mod:`jaxwm.evaluation.memory_gain`). Loops and walks add the
+  co-visible score (:mod:`jaxwm.evaluation.covisible`: ``covis_*``, ``<reference>_covis_*``, ``revealed_psnr``,
+  and ``covis_per_frame``) of the frames in between (walks: every generated frame).
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jaxwm.evaluation import attention_probe, baselines, memory_gain  # pylint: disable=g-import-not-at-top
+  from jaxwm.evaluation import attention_probe, baselines, covisible, memory_gain  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation import lpips as lp  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation.metrics import psnr, ssim  # pylint: disable=g-import-not-at-top
   from jaxwm.training.layout import make_layout  # pylint: disable=g-import-not-at-top
@@ -118,7 +148,7 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   gain_fn = memory_gain.model_apply_fn(model, variables["params"]) if gain else None
   rows = []
   for i in range(clips):
-    w = clips_lib.eval_clip(config, i, num_frames=frames_n, frame_stride=stride, family=family)
+    w = clips_lib.eval_clip(config, i, num_frames=frames_n, frame_stride=stride, family=family, split=split)
     gt, ret, clip = w["frames"], w["return_frame"], w["meta"]["source"]
     cams = {"c2w": jnp.asarray(w["c2w"])[None], "intrinsics": jnp.asarray(w["intrinsics"])[None]}
     policy = make_policy(memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(d.image_size, d.image_size),
@@ -130,9 +160,15 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
 
     video = clips_lib.stream_clip(model, variables, config, w, key=jax.random.key(seed + i), memory=policy,
                                   callback=record, sampler=sampler)
-    row = {"clip": i, "family": family, "axes": str(clip["axes"]), "magnitude": float(clip["magnitude_deg"]),
+    row = {"clip": i, "family": family if family != "walks" else str(clip["family"]), "axes": str(clip["axes"]),
+           "magnitude": float(clip["magnitude_deg"]),
            "return_frame": ret, **baselines.frame_scores(video, gt, ret if family == "loops" else -1),
            **baselines.baseline_scores(gt, ret if family == "loops" else -1)}
+    if family in ("loops", "walks"):  # co-visible score of the frames in between (walks: every generated frame)
+      scored = range(1, ret) if family == "loops" else range(1, frames_n)
+      summary, per_frame = covisible.clip_scores(video, gt, clip, w["frame_index"], d.render_size // d.image_size,
+                                                 scored)
+      row.update(summary, covis_per_frame=per_frame)
     if lpips_params is not None:
       row["lpips"] = float(np.mean(lp.lpips(lpips_params, video[1:], gt[1:])))
     if family == "loops" and ret > 0:
@@ -287,6 +323,8 @@ def _main(argv):
   p.add_argument("--checkpoint", required=True, help="training workdir or checkpoint directory")
   p.add_argument("--clips", type=int, default=35, help="eval clips, >= 1")
   p.add_argument("--family", default="loops", choices=EVAL_FAMILIES)
+  p.add_argument("--split", default="eval", choices=("eval", "train"),
+                 help="eval: rooms never trained on; train: the same trajectories in training rooms (diagnosis)")
   p.add_argument("--lpips", help="LPIPS weights (.npz from `python -m jaxwm.evaluation.lpips`)")
   p.add_argument("--memory", default="full", help=f"comma list of {', '.join(POLICIES)}")
   p.add_argument("--memory-kwargs", default="{}",
@@ -363,20 +401,23 @@ def _main(argv):
     print(f"evaluating {name} ...", flush=True)
     rows = evaluate(config, m, variables, clips=a.clips, family=a.family, memory=mem,
                     memory_kwargs=memory_kwargs.get(mem), lpips_params=lpips_params, seed=a.seed, steps=a.steps,
-                    shift=a.shift, num_frames=a.frames, probe=a.probe)
+                    shift=a.shift, num_frames=a.frames, probe=a.probe, split=a.split)
     for r in rows:
       r["setting"] = name
     results[name] = rows
-  cols = LOOP_COLS if a.family == "loops" else PALINDROME_COLS
+  cols = {"loops": LOOP_COLS, "walks": WALK_COLS}.get(a.family, PALINDROME_COLS)
   all_rows = [r for rows in results.values() for r in rows]
   sampling = {"num_steps": int(a.steps or config.sample.num_steps),
               "shift": float(config.sample.shift if a.shift is None else a.shift)}
-  md = [f"# Loop closure ({a.family}): {a.checkpoint} (step {step})"
+  md = [f"# Loop closure ({a.family}{', training rooms' if a.split == 'train' else ''}): {a.checkpoint} (step {step})"
         + (f" + adapter {a.adapter}" if a.adapter else ""), "",
         f"Sampling: {sampling['num_steps']} Euler steps per chunk, schedule shift {sampling['shift']:g}.", "",
         "Mean ± 95% interval over clips." + (" covis_mass: share of the return frame's history attention on "
                                              "co-visible keys; covis_chance: that share under uniform attention."
                                              if a.probe else ""), "", table(all_rows, "setting", cols)]
+  for name, rows in results.items():
+    if a.family in ("loops", "walks"):
+      md += ["", f"{name}: " + covis_headline(rows)]
   for name, rows in results.items():
     md += ["", f"## {name}", "", table(rows, "magnitude" if a.family == "loops" else "family", cols)]
     if a.family == "loops":
@@ -386,7 +427,7 @@ def _main(argv):
     for path in figures(str(out), results, a.family):
       md += ["", f"![{pathlib.Path(path).stem}]({pathlib.Path(path).name})"]
   md = "\n".join(md) + "\n"
-  write_json(out.with_suffix(".json"), {"step": int(step), "family": a.family, "adapter": a.adapter,
+  write_json(out.with_suffix(".json"), {"step": int(step), "family": a.family, "split": a.split, "adapter": a.adapter,
                                         "sampling": sampling, "settings": results})
   write_text(out.with_suffix(".md"), md)
   print(md)

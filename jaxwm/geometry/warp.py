@@ -52,29 +52,45 @@ def bilinear_sample(image, uv):
   return top * (1 - fy) + bot * fy
 
 
-def warp_frame(src_image, src_depth, src_intrinsics, src_c2w, dst_depth, dst_intrinsics, dst_c2w, depth_rtol=0.02):
+def _footprint(image, uv):
+  """The four pixels of ``image [H, W]`` around each point ``uv [..., 2]`` (the bilinear footprint, edge-clamped):
+  ``[4, ...]``."""
+  xp = xp_of(image, uv)
+  h, w = image.shape[:2]
+  x0, y0 = xp.floor(uv[..., 0] - 0.5), xp.floor(uv[..., 1] - 0.5)
+  xs = [xp.clip(x0 + d, 0, w - 1).astype(xp.int32) for d in (0, 1)]
+  ys = [xp.clip(y0 + d, 0, h - 1).astype(xp.int32) for d in (0, 1)]
+  return xp.stack([image[y, x] for y in ys for x in xs])
+
+
+def warp_frame(src_image, src_depth, src_intrinsics, src_c2w, dst_depth, dst_intrinsics, dst_c2w, depth_rtol=0.02,
+               max_spread=0.15):
   """Warps a source frame into a destination view using the destination's depth.
 
   Each destination pixel is lifted with ``dst_depth``, projected into the source view
   (Eqs. 14-16 with ``t = dst``, ``k = src``) and the source image is sampled there.
 
+  Occlusion test: the projected depth ``z`` must lie within the depths ``d_1..d_4`` of the four source pixels
+  around the landing point, ``min d (1 - rtol) <= z <= max d (1 + rtol)`` (on a smooth surface the
+  depth at a point lies between its neighbours', however slanted the surface), and the footprint must not
+  straddle a depth edge: ``max d - min d <= max_spread * z`` (an occluder's silhouette).
+
   Args:
     src_image: ``[H, W, C]``; src_depth, dst_depth: ``[H, W]`` z-depth.
-    depth_rtol: relative depth agreement required for a pixel to count as unoccluded.
+    depth_rtol: relative depth tolerance of the occlusion test.
+    max_spread: largest relative depth spread of a footprint that counts as one surface.
 
   Returns:
     ``(warped [H, W, C], valid [H, W] bool)``: ``valid`` marks pixels that are in front of
-    the source camera, inside its image, and not occluded there (the source depth at the
-    landing point, checked at all four bilinear neighbours, agrees with the projected depth).
+    the source camera, inside its image, and not occluded there.
   """
   xp = xp_of(src_image, src_depth, dst_depth)
   uv, z = warp_coordinates(dst_depth, dst_intrinsics, dst_c2w, src_intrinsics, src_c2w)
   src_depth = asarray(xp, src_depth)
   h, w = src_depth.shape
   inside = (z > 1e-6) & (uv[..., 0] >= 0.5) & (uv[..., 0] <= w - 0.5) & (uv[..., 1] >= 0.5) & (uv[..., 1] <= h - 0.5)
-  agree = inside
-  for du in (-0.5, 0.5):
-    for dv in (-0.5, 0.5):
-      neighbour = bilinear_sample(src_depth[..., None], uv + xp.asarray([du, dv], dtype=uv.dtype))[..., 0]
-      agree = agree & (xp.abs(neighbour - z) <= depth_rtol * xp.abs(z))
+  d = _footprint(src_depth, uv)
+  lo, hi = d.min(0), d.max(0)
+  az = xp.abs(z)
+  agree = inside & (z >= lo * (1 - depth_rtol)) & (z <= hi * (1 + depth_rtol)) & (hi - lo <= max_spread * az)
   return bilinear_sample(src_image, uv), agree

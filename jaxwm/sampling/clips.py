@@ -10,22 +10,26 @@ from jaxwm.data.window import ClipWindow
 from jaxwm.models import vae
 from jaxwm.sampling.streaming import StreamingSampler
 
-EVAL_FAMILIES = ("loops", "palindrome")  # loops: the 35 rotation loops in turn; palindrome: out-and-back paths
+# loops: the 35 rotation loops in turn; palindrome: out-and-back paths; walks: the translation walks in turn
+EVAL_FAMILIES = ("loops", "palindrome", "walks")
 
 
-def eval_clip(config, index, num_frames=None, frame_stride=None, family="loops"):
+def eval_clip(config, index, num_frames=None, frame_stride=None, family="loops", split="eval"):
   """Clip ``index`` of the procedural eval split, rendered at ``data.render_size`` and windowed.
 
   Args:
     config: a training config (its ``data`` block).
-    index: the eval clip (``family="loops"``: ``EVAL_LOOPS[index % 35]``).
+    index: the eval clip (``family="loops"``: ``EVAL_LOOPS[index % 35]``; ``"walks"``: ``WALKS[index % 5]``).
     num_frames, frame_stride: window length and stride (default: ``data.num_frames``,
       ``data.frame_stride``); the clip has exactly ``(num_frames - 1) * frame_stride + 1`` frames.
     family: one of :data:`EVAL_FAMILIES`.
+    split: ``"eval"`` (scenes never trained on) or ``"train"`` (the same trajectories in the training split's
+      rooms, one room per index: a diagnosis of what a model memorised).
 
   Returns:
     ``dict(frames uint8 [F, S, S, 3], c2w float32 [F, 4, 4] (re-anchored on frame 0),
-    intrinsics float32 [F, 3, 3], return_frame int, meta)`` with ``S = data.image_size``;
+    intrinsics float32 [F, 3, 3], frame_index int [F], return_frame int, meta)`` with ``S = data.image_size``;
+    ``frame_index``: the source frame of each window frame;
     ``return_frame``: the window frame whose pose equals frame 0 (-1 if none); ``meta``: ``index``,
     ``family``, ``axes``, ``magnitude_deg`` and ``source`` (the rendered clip before windowing).
   """
@@ -33,7 +37,7 @@ def eval_clip(config, index, num_frames=None, frame_stride=None, family="loops")
     raise ValueError(f"family must be one of {EVAL_FAMILIES}; got {family!r}")
   d = config.data
   frames_n, stride = num_frames or d.num_frames, frame_stride or d.frame_stride
-  src = ProceduralClips("eval", num_clips=index + 1, num_frames=(frames_n - 1) * stride + 1,
+  src = ProceduralClips(split, num_clips=index + 1, num_frames=(frames_n - 1) * stride + 1,
                         image_hw=(d.render_size, d.render_size), family=family)
   clip = src[index]
   window = ClipWindow(frames_n, stride, d.image_size).random_map(clip, np.random.default_rng(0))
@@ -41,7 +45,7 @@ def eval_clip(config, index, num_frames=None, frame_stride=None, family="loops")
   ret = r // stride if r >= 0 and r % stride == 0 and r // stride < frames_n else -1
   meta = {"index": index, "family": str(clip["family"]), "axes": str(clip["axes"]),
           "magnitude_deg": float(clip["magnitude_deg"]), "source": clip}
-  return {**window, "return_frame": ret, "meta": meta}
+  return {**window, "frame_index": np.arange(frames_n) * stride, "return_frame": ret, "meta": meta}
 
 
 def make_sampler(model, variables, config, num_frames, num_steps=None, shift=None):

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxwm import checkpoint as ckpt_lib
-from jaxwm.evaluation import memory_gain
+from jaxwm.evaluation import covisible_probe, memory_gain
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.transformer import WanModel
 from jaxwm.training import data as data_lib
@@ -538,7 +538,8 @@ def _run(config, workdir, mesh, progress):
                desc="train", dynamic_ncols=True)
     t_last, steps_since = time.perf_counter(), 0
     gain_every = tc.get("gain_every", 0)
-    probe = memory_gain.GainProbe(config, trainer.model) if gain_every else None
+    probes = [memory_gain.GainProbe(config, trainer.model),
+              covisible_probe.CovisProbe(config, trainer.model)] if gain_every else []
     for step in range(start, tc.num_steps):
       batch = trainer.put_batch(next(data_iter))
       with jax.set_mesh(trainer.mesh):
@@ -559,12 +560,14 @@ def _run(config, workdir, mesh, progress):
         rate = steps_since / max(dt, 1e-9)
         scalars = {"loss": loss, **norms, "lr": float(metrics["lr"]),
                    "steps_per_s": rate, "tokens_per_s": rate * trainer.tokens_per_step}
-        if probe is not None and (done % gain_every == 0 or done == tc.num_steps):
+        if probes and (done % gain_every == 0 or done == tc.num_steps):
           with jax.set_mesh(trainer.mesh):
-            scalars.update(probe(state.params))
+            for probe in probes:
+              scalars.update(probe(state.params))
         writers.write(done, scalars)
         bar.set_postfix(loss=f"{loss:.4f}", steps_s=f"{rate:.2f}", tok_s=f"{scalars['tokens_per_s']:.0f}",
-                        **({"gain_1": f"{scalars['gain_1']:.2f}"} if "gain_1" in scalars else {}))
+                        **({"gain_1": f"{scalars['gain_1']:.2f}"} if "gain_1" in scalars else {}),
+                        **({"covis_1": f"{scalars['covis_tf_1']:.1f}"} if "covis_tf_1" in scalars else {}))
         t_last, steps_since = time.perf_counter(), 0
       if done % tc.ckpt_every == 0 or done == tc.num_steps:
         ckpt.save(done, state, data_iter, config)

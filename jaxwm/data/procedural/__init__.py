@@ -6,4 +6,4 @@
 from jaxwm.data.procedural.clips import EVAL_LOOPS, ProceduralClips, make_clip, make_trajectory, pinhole_intrinsics
 from jaxwm.data.procedural.render import render
 from jaxwm.data.procedural.scene import Scene, make_scene
-from jaxwm.data.procedural.trajectories import AXIS_COMBOS, FAMILIES, MAGNITUDES_DEG
+from jaxwm.data.procedural.trajectories import AXIS_COMBOS, FAMILIES, MAGNITUDES_DEG, WALKS

@@ -17,7 +17,7 @@ def main(argv=None):
   p = argparse.ArgumentParser(prog="python -m jaxwm.data.procedural", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--preview", help="write a GIF/MP4 of one clip (frames | depth) to this path")
-  p.add_argument("--family", default="rotate_loop", choices=traj.FAMILIES)
+  p.add_argument("--family", default="rotate_loop", choices=traj.FAMILIES + traj.WALKS)
   p.add_argument("--axes", default="yaw", choices=traj.AXIS_COMBOS)
   p.add_argument("--magnitude", type=float, default=90.0, help="rotate_loop peak angle in degrees")
   p.add_argument("--frames", type=int, default=61)

@@ -35,7 +35,8 @@ def pinhole_intrinsics(image_hw, fov_deg=70.0):
 
 
 def make_trajectory(scene, trajectory_seed, num_frames, family, axes=None, magnitude_deg=None):
-  """Poses and metadata for one clip of ``family`` (``rotate_loop``, ``free`` or ``palindrome``).
+  """Poses and metadata for one clip of ``family`` (``rotate_loop``, ``free``, ``palindrome`` or a walk of
+  :data:`jaxwm.data.procedural.trajectories.WALKS`).
 
   Returns:
     ``(c2w [F, 4, 4] float64, meta dict)``.
@@ -50,12 +51,14 @@ def make_trajectory(scene, trajectory_seed, num_frames, family, axes=None, magni
     meta.update(axes=axes, magnitude_deg=magnitude_deg, return_frame=ret)
   elif family == "free":
     c2w, _ = traj.free_path(rng, start, scene.camera_zone, num_frames)
+  elif family in traj.WALKS:
+    c2w = traj.walk(rng, scene.camera_zone, family, num_frames)
   elif family == "palindrome":
     path, _ = traj.free_path(rng, start, scene.camera_zone, (num_frames + 1) // 2)
     c2w, ret = traj.palindrome(path, num_frames)
     meta.update(return_frame=ret)
   else:
-    raise ValueError(f"family must be one of {traj.FAMILIES}; got {family!r}")
+    raise ValueError(f"family must be one of {traj.FAMILIES + traj.WALKS}; got {family!r}")
   return c2w, meta
 
 
@@ -89,7 +92,8 @@ class ProceduralClips:
     num_clips: length of the source.
     num_frames, image_hw, fov_deg: clip shape and camera.
     family: ``"mixed"`` (train default: :data:`FAMILY_WEIGHTS`), ``"loops"`` (each of the 35
-      axis/magnitude rotation loops in turn: the eval benchmark) or one family name.
+      axis/magnitude rotation loops in turn: the eval benchmark), ``"walks"`` (each translation walk of
+      :data:`jaxwm.data.procedural.trajectories.WALKS` in turn: the translation eval family) or one family name.
     clips_per_scene: consecutive indices sharing one room.
   """
   split: str = "train"
@@ -103,8 +107,9 @@ class ProceduralClips:
   def __post_init__(self):
     if self.split not in SPLITS:
       raise ValueError(f"split must be one of {tuple(SPLITS)}; got {self.split!r}")
-    if self.family not in ("mixed", "loops") + traj.FAMILIES:
-      raise ValueError(f"family must be 'mixed', 'loops' or one of {traj.FAMILIES}; got {self.family!r}")
+    if self.family not in ("mixed", "loops", "walks") + traj.FAMILIES + traj.WALKS:
+      raise ValueError(f"family must be 'mixed', 'loops', 'walks' or one of {traj.FAMILIES + traj.WALKS}; "
+                       f"got {self.family!r}")
     if self.num_frames < 3:
       raise ValueError(f"num_frames must be >= 3; got {self.num_frames}")
 
@@ -126,6 +131,8 @@ class ProceduralClips:
     if family == "loops":
       family = "rotate_loop"
       axes, magnitude = EVAL_LOOPS[index % len(EVAL_LOOPS)]
+    elif family == "walks":
+      family = traj.WALKS[index % len(traj.WALKS)]
     elif family == "mixed":
       rng = np.random.default_rng(np.random.SeedSequence([0xFA31, traj_seed]))
       family = rng.choice(list(FAMILY_WEIGHTS), p=list(FAMILY_WEIGHTS.values()))

@@ -6,6 +6,9 @@
 - ``free``: segments of RotateOnly, MoveOnly, MoveAndRotate and Orbit (ViewBench Part 2),
   kept inside the scene's camera zone.
 - ``palindrome``: a ``free`` path followed by its exact reverse.
+- walks (:data:`WALKS`, the translation eval family): ``forward``, ``backward``, ``sideways``,
+  ``orbit`` (about a point ahead, looking at it) and ``move_rotate`` (forward while turning), at a
+  fixed length, where parallax makes depth matter.
 
 Camera-relative axes in the OpenCV basis: yaw about the camera's y (down) axis (positive
 turns right), pitch about x (positive looks up, since ``R_x(a) z = (0, -sin a, cos a)``), roll about z (the optical axis). Poses
@@ -23,6 +26,9 @@ AXIS_COMBOS = tuple("+".join(c) for n in (1, 2, 3) for c in itertools.combinatio
 MAGNITUDES_DEG = (30.0, 45.0, 75.0, 90.0, 180.0)
 FAMILIES = ("rotate_loop", "free", "palindrome")
 SEGMENT_TYPES = ("RotateOnly", "MoveOnly", "MoveAndRotate", "Orbit")
+WALKS = ("forward", "backward", "sideways", "orbit", "move_rotate")
+WALK_LENGTH_M = 0.8  # path length of forward / backward / sideways walks (move_rotate: 0.6 of it)
+ORBIT_DEG, ORBIT_RADIUS_M, MOVE_ROTATE_DEG = 40.0, 1.5, 30.0
 
 
 def _camera_rotation(yaw, pitch, roll):
@@ -147,3 +153,41 @@ def palindrome(path, num_frames):
   if len(out) < num_frames:
     out = np.concatenate([out, path[:1]])
   return out, 2 * n - 2
+
+
+def walk(rng, zone, kind, num_frames):
+  """A translation walk of :data:`WALKS` at constant speed, upright with a small random pitch, placed so that
+  the whole path stays inside ``zone [2, 3]`` (the box kept clear of objects).
+
+  In the heading frame (``z`` forward, ``x`` right): ``forward`` / ``backward`` move by
+  ``+-WALK_LENGTH_M`` along ``z``; ``sideways`` by ``WALK_LENGTH_M`` along ``+x`` or ``-x``; ``orbit`` circles a point
+  ``ORBIT_RADIUS_M`` ahead by ``+-ORBIT_DEG`` while looking at it; ``move_rotate`` moves ``0.6 WALK_LENGTH_M``
+  forward while turning by ``+-MOVE_ROTATE_DEG``.
+
+  Returns:
+    ``c2w [F, 4, 4]`` float64.
+  """
+  if kind not in WALKS:
+    raise ValueError(f"walk kind must be one of {WALKS}; got {kind!r}")
+  s = np.linspace(0.0, 1.0, num_frames)
+  heading = rng.uniform(0, 2 * np.pi)
+  pitch = np.radians(rng.uniform(-8, 8))
+  sign = rng.choice([-1.0, 1.0])
+  zero = np.zeros_like(s)
+  yaw = np.full_like(s, heading)
+  if kind in ("forward", "backward"):
+    rel = np.stack([zero, zero, (1 if kind == "forward" else -1) * WALK_LENGTH_M * s], -1)
+  elif kind == "sideways":
+    rel = np.stack([sign * WALK_LENGTH_M * s, zero, zero], -1)
+  elif kind == "move_rotate":
+    rel = np.stack([zero, zero, 0.6 * WALK_LENGTH_M * s], -1)
+    yaw = heading + sign * np.radians(MOVE_ROTATE_DEG) * s
+  else:  # orbit: the camera at centre - r (sin a, 0, cos a), a = heading + angle, looking at the centre
+    a = sign * np.radians(ORBIT_DEG) * s
+    rel = ORBIT_RADIUS_M * np.stack([-np.sin(a), zero, 1 - np.cos(a)], -1)
+    yaw = heading + a
+  offsets = rel @ rotation_about_axis(heading, 1).T  # heading frame -> world
+  lo = np.asarray(zone[0]) - offsets.min(0)
+  hi = np.asarray(zone[1]) - offsets.max(0)
+  start = np.where(lo <= hi, rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi)), (lo + hi) / 2)
+  return np.stack([make_se3(_camera_rotation(y, pitch, 0.0), start + o) for y, o in zip(yaw, offsets)])
