@@ -56,12 +56,12 @@ def main(argv=None):
   src, gt, ret = w["meta"]["source"], w["frames"], w["return_frame"]
   sl, factor = w["frame_index"], d.render_size // d.image_size
   video = clips_lib.stream_clip(model, variables, config, w, key=jax.random.key(a.seed), num_steps=a.steps)
-  cov, _, _ = covisible.covisible_masks(src["depth"][sl], src["c2w"][sl], src["intrinsics"][sl], factor)
+  cov, rev, _ = covisible.covisible_masks(src["depth"][sl], src["c2w"][sl], src["intrinsics"][sl], factor)
   warp = covisible.warp_reference(src["frames"][sl], src["depth"][sl], src["c2w"][sl], src["intrinsics"][sl], factor)
   warp = np.where(cov[..., None], np.clip(np.rint(warp), 0, 255), 0).astype(np.uint8)
   refs = covisible.frame_references(gt[0], warp, len(gt))
   frames = range(1, ret) if ret >= 1 else range(1, len(gt))
-  per_frame = covisible.score_frames(video, gt, cov, ~cov, refs, frames)
+  per_frame = covisible.score_frames(video, gt, cov, rev, refs, frames)
   meta = w["meta"]
   print(f"{a.family} clip {a.clip}: {meta['family']} {meta['axes']} {meta['magnitude_deg']:g} deg, step {step}")
   fmt = lambda v: "   -  " if v is None else f"{v:6.2f}"

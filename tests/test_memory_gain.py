@@ -110,3 +110,6 @@ def test_training_logs_the_gain_every_k_steps_and_at_the_end(tmp_path):
   assert [r["step"] for r in rows if keys <= r.keys()] == [2, 3]
   assert not any(k in rows[0] for k in keys)
   assert all(0 < r[k] < float("inf") for r in rows[1:] for k in keys)
+  covis = {"covis_tf_0.5", "covis_tf_1"}  # the co-visible proxy comes with the gain (jaxwm.evaluation.covisible_probe)
+  assert [r["step"] for r in rows if covis <= r.keys()] == [2, 3]
+  assert all(0 < r[k] < 100 for r in rows[1:] for k in covis)

@@ -183,11 +183,13 @@ def score_frames(video, gt, covisible, revealed, references, frames, min_fractio
 
 def summarize(per_frame):
   """Clip-level means of :func:`score_frames`' rows over the frames that have each score (``None`` when none
-  has it); ``covis_frames``: how many frames have a co-visible score."""
+  has it; ``covis_fraction`` over the frames with a co-visible score); ``covis_frames``: how many frames have a
+  co-visible score."""
   keys = [k for k in (per_frame[0] if per_frame else {}) if k != "frame"]
   out = {}
   for k in keys:
-    vals = [r[k] for r in per_frame if r[k] is not None]
+    rows = [r for r in per_frame if k != "covis_fraction" or r["covis_psnr"] is not None]
+    vals = [r[k] for r in rows if r[k] is not None]
     out[k] = float(np.mean(vals)) if vals else None
   out["covis_frames"] = sum(r["covis_psnr"] is not None for r in per_frame)
   return out

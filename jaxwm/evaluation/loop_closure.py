@@ -86,9 +86,11 @@ def pooled_covis(rows):
   frames = [f for r in rows for f in r.get("covis_per_frame", [])]
   out = {"frames": sum(f["covis_psnr"] is not None for f in frames), "of": len(frames)}
   for k in ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
-            "mean_revealed_psnr", "covis_fraction"):
+            "mean_revealed_psnr"):
     vals = [f[k] for f in frames if f.get(k) is not None]
     out[k] = float(np.mean(vals)) if vals else None
+  scored = [f["covis_fraction"] for f in frames if f["covis_psnr"] is not None]
+  out["covis_fraction"] = float(np.mean(scored)) if scored else None  # of the scored frames' pixels
   return out
 
 
