@@ -5,6 +5,7 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
   python benchmarks/train_step.py                 # tiny and small configs, CPU
   python benchmarks/train_step.py --steps 20 --configs tiny
   python benchmarks/train_step.py --configs recipe_w192,recipe_w384   # the CPU recipe's two widths
+  python benchmarks/train_step.py --configs tiny,tiny_p2              # patch 1 (the default) against patch 2
 
 Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update).
 """
@@ -132,7 +133,14 @@ def bench_torch(config, steps, threads):
   return (time.perf_counter() - t0) / steps, b * n_tok
 
 
-CONFIGS = {"tiny": tiny.get_config, "small": small.get_config,
+def _tiny_patch2():
+  """The tiny model as it was until 2026-12-02: 16 tokens of 8x8 pixels per frame (the baseline of patch 1)."""
+  c = tiny.get_config()
+  c.model.patch_size = (1, 2, 2)
+  return c
+
+
+CONFIGS = {"tiny": tiny.get_config, "tiny_p2": _tiny_patch2, "small": small.get_config,
            "recipe_w192": lambda: recipe_cpu.get_config("w192"),
            "recipe_w384": lambda: recipe_cpu.get_config("w384")}
 

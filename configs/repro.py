@@ -49,9 +49,11 @@ def get_config(arm="viewrope"):
     c.train.update(num_steps=3000, ckpt_every=1000, sample_every=0, workdir=f"runs/repro_w384/{arm}")
   else:
     c = tiny.get_config()
-    c.train.update(num_steps=900, ckpt_every=300, sample_every=0, workdir=f"runs/repro/{arm}")
-    # What every arm's runs used (tiny's defaults until 2026-12-01); the report samples with --sample-steps.
-    c.optim.update(lr=1e-3, end_lr_ratio=0.1)
+    c.train.update(num_steps=900, ckpt_every=300, sample_every=0, gain_every=500, workdir=f"runs/repro/{arm}")
+    # What every arm's runs used (tiny's defaults until 2026-12-01: patch 2, EMA 0.999); the report samples with
+    # --sample-steps.
+    c.model.patch_size = (1, 2, 2)
+    c.optim.update(lr=1e-3, end_lr_ratio=0.1, ema_decay=0.999)
     c.sample.num_steps = 10
   c.model.attention.update(top_k=BUDGET, window=BUDGET)
   if arm in ("rope3d", "gta"):

@@ -5,7 +5,8 @@ from configs import tiny
 
 def get_config():
   c = tiny.get_config()
-  c.model.update(dim=256, num_heads=4, num_layers=8, ffn_dim=1024)
-  c.optim.update(lr=1e-3, end_lr_ratio=0.1)  # deeper than tiny: tiny's faster schedule is not tested here
+  c.model.update(dim=256, num_heads=4, num_layers=8, ffn_dim=1024, patch_size=(1, 2, 2))  # 16 tokens per frame
+  c.optim.update(lr=1e-3, end_lr_ratio=0.1, ema_decay=0.999)  # deeper than tiny: tiny's schedule is not tested here
+  c.train.update(num_steps=5000, ckpt_every=1000, sample_every=2000, gain_every=500)
   c.train.workdir = "runs/small"
   return c

@@ -14,10 +14,12 @@ def get_config():
   c.seed = 0
   # Model: the defaults of jaxwm.models.config (ModelConfig, CameraConfig, AttentionConfig and LociConfig document
   # every option and its valid values), then only the tiny model's overrides.
-  # Rendered at 64x64, trained at 32x32; latents by space-to-depth (stride 4): 8x8x48; patch 2: 16 tokens per
-  # frame of 192 values, so model.dim >= 192 (a narrower model cannot pass the noise through and samples stay noisy).
+  # Rendered at 64x64, trained at 32x32; latents by space-to-depth (stride 4): 8x8x48; patch 1: 64 tokens per frame
+  # of 4x4 pixels (48 values). Patch 2 (16 tokens of 8x8 pixels, 192 values; the default until 2026-12-02) learns
+  # about ten times slower per step and cannot place detail inside a token; patch 1 costs 7.5x per step and still
+  # wins in the same 20 minutes (RESULTS.md, "Do the models see?").
   c.model = ml_collections.ConfigDict(default_config_dict())
-  c.model.update(dim=192, ffn_dim=384)
+  c.model.update(dim=192, ffn_dim=384, patch_size=(1, 1, 1))
   c.model.camera.encoding = "viewrope"  # on the 12 lowest temporal channels of each head (docs/design.md §4)
   c.model.loci.blocks = (1, 3)  # hybrid blocks when model.loci.enabled (docs/design.md §7)
   c.data = ml_collections.ConfigDict(dict(
@@ -37,15 +39,17 @@ def get_config():
       chunk_drop=dict(enabled=False, keep=5),
       head_windows=dict(enabled=False, window=12, global_fraction=0.25, pool=12)))
   # lr 2e-3 cosine to 0: +0.8 dB return PSNR, +0.06 SSIM over 1e-3 -> 1e-4 at 4,000 steps; 4e-3 is worse (RESULTS.md).
+  # EMA 0.995: over 800 steps 0.999 would still hold 45% of the initial weights.
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-3, warmup_steps=50, end_lr_ratio=0.0, weight_decay=0.01, b1=0.9, b2=0.99, eps=1e-8, grad_clip=1.0,
-      ema_decay=0.999))
+      ema_decay=0.995))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
-      num_steps=5000, log_every=10, ckpt_every=1000, keep=3, async_checkpoint=True, sample_every=2000,
-      workdir="runs/tiny", distributed=False, init_from="", gain_every=500))
-  # init_from: an earlier stage's workdir; gain_every: log the memory gain every k steps (0: off)
+      num_steps=800, log_every=10, ckpt_every=200, keep=3, async_checkpoint=True, sample_every=400,
+      workdir="runs/tiny", distributed=False, init_from="", gain_every=200))
+  # init_from: an earlier stage's workdir; gain_every: log the memory gain and the co-visible proxy every k steps
+  # (0: off)
   # 4 Euler steps: 0.2 dB below 10 at the return pose, 0.2-0.3 dB above on the frames in between (RESULTS.md).
   c.sample = ml_collections.ConfigDict(dict(num_steps=4, shift=3.0, guidance=1.0))
   return c

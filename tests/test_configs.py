@@ -44,8 +44,8 @@ def test_model_block_keys_are_fields_and_survive_json(name):
 
 
 def test_tiny_model_is_the_defaults_plus_its_overrides():
-  implied = dataclasses.replace(ModelConfig(), dim=192, ffn_dim=384, camera=CameraConfig(encoding="viewrope"),
-                                loci=LociConfig(blocks=(1, 3)))
+  implied = dataclasses.replace(ModelConfig(), dim=192, ffn_dim=384, patch_size=(1, 1, 1),
+                                camera=CameraConfig(encoding="viewrope"), loci=LociConfig(blocks=(1, 3)))
   assert ModelConfig.from_dict(tiny.get_config().model) == implied
 
 

@@ -98,3 +98,30 @@ def test_masked_metrics_against_their_definitions():
   edge = np.zeros((20, 24), bool)
   edge[:5] = True  # no 11x11 window is centred there
   assert covisible.masked_ssim(a, b, edge) is None
+
+
+def test_slanted_plane_counts_as_one_surface():
+  # A plane tilted by 40 degrees about the camera's x axis: depth changes fast down the image (a floor seen at a
+  # grazing angle). Moving the camera by tx along x keeps the depth map and shifts row v by s(v) = f tx / z(v), so
+  # row v has W - ceil(s(v)) co-visible pixel centres.
+  a, tx = np.radians(40.0), 0.3
+  v = np.arange(H) + 0.5
+
+  dy = (v - H / 2) / F_PX
+  n = np.array([0.0, -np.sin(a), np.cos(a)])
+  z = 2.0 * np.cos(a) / (n[1] * dy + n[2])  # plane n . X = 2 cos(a), X = z (x, y, 1)
+  assert (z > 0).all() and z.max() / z.min() > 3  # steep: far more than the 2% depth agreement of one pixel
+  depth = np.broadcast_to(z[:, None], (H, W))
+  depth = np.stack([depth, depth])
+  _, c2w, k = _wall_pair(tx=tx)
+  _, _, full = covisible.covisible_masks(depth, c2w, k)
+  s = F_PX * tx / z
+  want = (W - np.ceil(s)) / W
+  got = full[1].mean(axis=1)
+  # Rows whose depth changes by under 10% a pixel are one surface (a pixel of slack at each row's edge); at the most
+  # grazing rows the test may drop pixels as a depth edge, never add any.
+  step = np.abs(np.gradient(z)) / z
+  assert (step < 0.1).mean() > 0.9
+  np.testing.assert_allclose(got[step < 0.1], want[step < 0.1], atol=1.5 / W)
+  assert (got <= want + 1.5 / W).all()
+

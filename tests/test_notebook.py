@@ -145,9 +145,9 @@ def test_train_cell_trains_configs_tiny_into_checkpoint(monkeypatch, capsys, san
   run_cell("train", namespace)
   (argv, config), = seen
   assert argv[1] == f"--config={ROOT / 'configs' / 'tiny.py'}" and argv[-1] == f"--workdir={missing}"
-  assert config.train.num_steps == namespace["TRAIN_STEPS"] == 300 and config.optim.ema_decay == 0
+  assert config.train.num_steps == namespace["TRAIN_STEPS"] == 200 and config.optim.ema_decay == 0
   assert config.data.data_dir == str(ROOT / "data" / "tfds")
-  assert "training configs/tiny for 300 steps" in capsys.readouterr().out
+  assert "training configs/tiny for 200 steps" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------------------------
