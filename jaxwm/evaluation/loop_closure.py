@@ -2,8 +2,8 @@
 clips from their first frame and trajectory and score what comes back.
 
   python -m jaxwm.evaluation.loop_closure --checkpoint runs/tiny [--clips 35] [--lpips lpips_alex.npz]
-      [--family loops|palindrome|walks] [--split eval|train] [--memory full,window,landmark] [--selection topk,random,exclude_selected]
-      [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--steps 4] [--shift 3]
+      [--family loops|palindrome|walks] [--split eval|train] [--memory full,window,landmark]
+      [--selection topk,random,exclude_selected] [--top-k 1,2,3,5] [--probe] [--figures] [--frames 9] [--steps 4] [--shift 3]
       [--out <path>] [--overwrite]
 
 ``loops``: the 35 rotate-away-and-back clips (30/45/75/90/180 degrees about the 7 axis
@@ -116,7 +116,7 @@ def revisit_pairs(return_frame, max_pairs=5):
 def evaluate(config, model, variables, *, clips=35, family="loops", memory="full", memory_kwargs=None,
              lpips_params=None, seed=0, steps=None, shift=None, num_frames=None, frame_stride=None, probe=False,
              gain=True, split="eval"):
-  """Streams ``clips`` eval clips of ``family`` (``loops`` or ``palindrome``); returns one dict per clip.
+  """Streams ``clips`` eval clips of ``family`` (``loops``, ``palindrome`` or ``walks``); returns one dict per clip.
 
   ``split="train"`` streams the same trajectories in training rooms (what was memorised, not seen).
   ``num_frames`` / ``frame_stride`` default to the training config's; ``steps`` / ``shift`` (Euler steps per
