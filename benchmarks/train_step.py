@@ -78,7 +78,7 @@ def bench_jaxwm_backbone(config, steps):
   cfg = ModelConfig.from_dict({**config.model, "cross_attn": True, "camera": {"encoding": "rope3d"}})
   model = WanModel(cfg)
   x = jax.random.normal(jax.random.key(0), (b, s, lat, lat, ch))
-  n_tok = s * (lat // 2) ** 2
+  n_tok = s * (lat // cfg.patch_size[1]) * (lat // cfg.patch_size[2])
   t = jax.random.uniform(jax.random.key(1), (b, n_tok)) * 1000
   ctx = jax.random.normal(jax.random.key(2), (b, 1, cfg.text_dim))
   params = jax.jit(model.init)(jax.random.key(0), x, t, context=ctx)
@@ -116,7 +116,7 @@ def bench_torch(config, steps, threads):
                                 cross_attn_norm=True, rope_max_seq_len=256).float()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
   x = torch.randn(b, ch, s, lat, lat)
-  n_tok = s * (lat // 2) ** 2
+  n_tok = s * (lat // m.patch_size[1]) * (lat // m.patch_size[2])
   t = torch.rand(b, n_tok) * 1000
   ctx = torch.randn(b, 1, m.text_dim)
 
