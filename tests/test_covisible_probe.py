@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxwm.evaluation import covisible_probe
+from jaxwm.evaluation import covisible, covisible_probe
 from jaxwm.training.layout import teacher_forcing_layout
 
 
@@ -48,7 +48,7 @@ def test_oracle_velocity_scores_exact_and_copy_scores_the_copy_reference(probe):
   exact = probe.predictions(None, apply_fn=_Oracle(probe, x0))
   assert all(np.abs(p - probe.gt).max() < 0.51 for p in exact.values())
   copy = jnp.broadcast_to(probe.latents[:, :1], x0.shape)
-  scores = {t: covisible_probe.pooled_psnr(np.rint(p), probe.gt, probe.masks)
+  scores = {t: covisible.masked_psnr(np.rint(p), probe.gt, probe.masks)
             for t, p in probe.predictions(None, apply_fn=_Oracle(probe, copy)).items()}
   for v in scores.values():
     assert v == pytest.approx(probe.references["copy"], abs=1e-6)

@@ -97,7 +97,8 @@ def warp_reference(frames, depth, c2w, intrinsics, factor=1, ref=0, depth_rtol=0
 
 
 def masked_psnr(a, b, mask, data_range=255.0):
-  """PSNR over the pixels of ``mask [H, W]`` (all channels) of ``a, b [H, W, C]``; ``None`` for an empty mask."""
+  """PSNR over the pixels of ``mask [..., H, W]`` (all channels) of ``a, b [..., H, W, C]`` (several frames: pooled),
+  capped at ``PSNR_CAP``; ``None`` for an empty mask."""
   mask = np.asarray(mask, bool)
   if not mask.any():
     return None

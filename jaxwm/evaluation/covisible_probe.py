@@ -40,15 +40,6 @@ def first_view_only(layout):
   return mask, writer
 
 
-def pooled_psnr(pred, gt, masks):
-  """PSNR over every masked pixel of every frame: ``pred, gt [N, H, W, 3]`` in ``[0, 255]``, ``masks [N, H, W]``."""
-  m = np.asarray(masks, bool)
-  if not m.any():
-    return None
-  d = np.asarray(pred, np.float64)[m] - np.asarray(gt, np.float64)[m]
-  return float(10 * np.log10(255.0**2 / max(float(np.mean(d * d)), 1e-12)))
-
-
 class CovisProbe:
   """``CovisProbe(config, model, num_clips)(params) -> {"covis_tf_0.5": P, "covis_tf_1": P}`` (module doc).
 
@@ -89,8 +80,8 @@ class CovisProbe:
       raise ValueError("no in-between frame of the probe's loops has co-visible pixels")
     self.sel = np.asarray(sel)
     self.masks, self.gt = np.stack(masks), np.stack(gts)
-    self.references = {"mean": pooled_psnr(np.stack(means), self.gt, self.masks),
-                       "copy": pooled_psnr(np.stack(copies), self.gt, self.masks)}
+    self.references = {"mean": covisible.masked_psnr(np.stack(means), self.gt, self.masks),
+                       "copy": covisible.masked_psnr(np.stack(copies), self.gt, self.masks)}
     self.latents = vae.encode(jnp.asarray(np.stack([c["frames"] for c in clips])), self.stride)
     self.cameras = Cameras(jnp.asarray(np.stack([c["c2w"] for c in clips])),
                            jnp.asarray(np.stack([c["intrinsics"] for c in clips])))
@@ -126,4 +117,5 @@ class CovisProbe:
     return out
 
   def __call__(self, params):
-    return {f"covis_tf_{t:g}": pooled_psnr(p, self.gt, self.masks) for t, p in self.predictions(params).items()}
+    preds = self.predictions(params)
+    return {f"covis_tf_{t:g}": covisible.masked_psnr(p, self.gt, self.masks) for t, p in preds.items()}
