@@ -23,8 +23,9 @@ def eval_clip(config, index, num_frames=None, frame_stride=None, family="loops",
     num_frames, frame_stride: window length and stride (default: ``data.num_frames``,
       ``data.frame_stride``); the clip has exactly ``(num_frames - 1) * frame_stride + 1`` frames.
     family: one of :data:`EVAL_FAMILIES`.
-    split: ``"eval"`` (scenes never trained on) or ``"train"`` (the same trajectories in the training split's
-      rooms, one room per index: a diagnosis of what a model memorised).
+    split: ``"eval"`` (scenes never trained on) or ``"train"`` (the same kinds of trajectory in the training split's
+      rooms, room ``2 * index``: the first ``data.num_clips / data.clips_per_scene`` indices are rooms a default
+      run trained on; a diagnosis of what a model memorised).
 
   Returns:
     ``dict(frames uint8 [F, S, S, 3], c2w float32 [F, 4, 4] (re-anchored on frame 0),
