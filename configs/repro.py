@@ -53,6 +53,7 @@ def get_config(arm="viewrope"):
     # What every arm's runs used (tiny's defaults until 2026-12-01: patch 2, EMA 0.999); the report samples with
     # --sample-steps.
     c.model.patch_size = (1, 2, 2)
+    c.recipe.timestep_distribution = "uniform"
     c.optim.update(lr=1e-3, end_lr_ratio=0.1, ema_decay=0.999)
     c.sample.num_steps = 10
   c.model.attention.update(top_k=BUDGET, window=BUDGET)

@@ -14,5 +14,8 @@ def get_config():
                  dtype="bfloat16", remat="full")
   c.model.camera.update(encoding="rope3d", vae_stride=16)  # the released backbone; pick an encoding to fine-tune
   c.mesh.update(data=1, fsdp=-1)
-  c.train.workdir = "runs/wan22_ti2v_5b"
+  c.train.update(workdir="runs/wan22_ti2v_5b", num_steps=5000, ckpt_every=1000, sample_every=2000, gain_every=500)
+  # The tiny CPU default's short-run choices (EMA 0.995, logit-normal timesteps, since 2026-12-02) are not this one's.
+  c.optim.ema_decay = 0.999
+  c.recipe.timestep_distribution = "uniform"
   return c
