@@ -9,5 +9,6 @@ def get_config():
   c.optim.update(lr=1e-3, end_lr_ratio=0.1, ema_decay=0.999)  # deeper than tiny: tiny's schedule is not tested here
   c.train.update(num_steps=5000, ckpt_every=1000, sample_every=2000, gain_every=500)
   c.recipe.timestep_distribution = "uniform"
+  c.model.camera.update(encoding="viewrope", channels="t_low")  # tiny's until 2026-12-02
   c.train.workdir = "runs/small"
   return c

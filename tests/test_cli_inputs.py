@@ -123,7 +123,9 @@ TRAIN_BAD = [
     # model: ModelConfig's own checks, and the ones tying it to the data
     ("--config.model.num_heads=5", ["model.num_heads=5"]),
     ("--config.model.camera.encoding=nerf", ["'nerf'"]),
-    ("--config.model.camera.channels=[[0,7]]", ["[0, 7)", "not a multiple of 3", "'viewrope'"]),
+    ("--config.model.camera.channels=[[0,7]]", ["[0, 7)", "not a multiple of 2", "'worldrope'"]),
+    ("--config.model.camera.encoding=viewrope --config.model.camera.channels=[[0,7]]",
+     ["[0, 7)", "not a multiple of 3", "'viewrope'"]),
     ("--config.model.camera.channels=[[0,7]", ["model.camera.channels='[[0,7]'", "not a Python/JSON list"]),
     ("--config.model.camera.channels=[0,12]", ["model.camera.channels=[0,12]", "[start, end)"]),
     ("--config.model.camera.channels=t_hi", ["'t_hi'"]),
@@ -421,3 +423,39 @@ def test_reproduction_refuses_bad_inputs(args, expected, capsys, tmp_path):
   for piece in expected:
     assert piece in err, (piece, err)
   assert not any(tmp_path.iterdir())
+
+
+def _encodings_bench():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("encodings_covis", ROOT / "benchmarks" / "encodings_covis.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.mark.parametrize("args,expected", [("--arms viewrope,spiral", ["--arms", "'spiral'"]),
+                                           ("--steps 0", ["--steps=0"]), ("--seeds a,b", ["--seeds", "'a,b'"])])
+def test_encodings_benchmark_refuses_bad_inputs(args, expected, capsys, tmp_path):
+  with pytest.raises(SystemExit) as e:
+    _encodings_bench().main([*args.split(), "--runs", str(tmp_path / "r"), "--results", str(tmp_path / "j")])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  for piece in expected:
+    assert piece in err, (piece, err)
+  assert not any(tmp_path.iterdir())
+
+
+def test_encodings_benchmark_report_pools_frames(tmp_path, capsys):
+  """The report's co-visible cell is the mean over every scored frame (unscored frames left out), per arm."""
+  mod = _encodings_bench()
+  frames = lambda *v: [{"covis_psnr": x, "revealed_psnr": None} for x in v]  # noqa: E731
+  row = lambda clip, *v: {"clip": clip, "return_psnr": 25.0, "covis_per_frame": frames(*v)}  # noqa: E731
+  fams = {"loops": [row(0, 20.0, 22.0, None), row(1, 30.0)], "walks": [row(0, 24.0)]}
+  (tmp_path / "gta_s0.json").write_text(json.dumps({"arm": "gta", "seed": 0, "step": 3, "families": fams}))
+  mod.main(["--arms", "gta,prope", "--phase", "report", "--results", str(tmp_path)])
+  summary = json.loads((tmp_path / "encodings_summary.json").read_text())
+  assert summary == {"gta": {"loops": 24.0, "walks": 24.0}}  # (20 + 22 + 30) / 3; prope has no result: no row
+  table = (tmp_path / "encodings.md").read_text()
+  assert "| gta | 1 | 24.00 [" in table and "prope" not in table.split("| --- |")[-1]
+  mean, lo, hi = mod.bootstrap([[21.0, 30.0]])
+  assert mean == 25.5 and 21.0 <= lo <= mean <= hi <= 30.0

@@ -5,14 +5,15 @@ import json
 
 import pytest
 
-from configs import recipe_cpu, repro, small, tiny, wan22_ti2v_5b
+from configs import encodings, recipe_cpu, repro, small, tiny, wan22_ti2v_5b
 from jaxwm.models.config import AttentionConfig, CameraConfig, LociConfig, ModelConfig, default_config_dict
 
 CONFIGS = {"tiny": tiny.get_config, "small": small.get_config, "wan22_ti2v_5b": wan22_ti2v_5b.get_config,
            **{f"repro:{arm}": (lambda arm=arm: repro.get_config(arm)) for arm in repro.ARMS},
            **{f"repro:{arm},w384": (lambda arm=arm: repro.get_config(f"{arm},w384"))
               for arm in repro.ARMS if not arm.startswith("stage")},
-           **{f"recipe_cpu:{v}": (lambda v=v: recipe_cpu.get_config(v)) for v in recipe_cpu.VARIANTS}}
+           **{f"recipe_cpu:{v}": (lambda v=v: recipe_cpu.get_config(v)) for v in recipe_cpu.VARIANTS},
+           **{f"encodings:{arm}": (lambda arm=arm: encodings.get_config(arm)) for arm in encodings.ARMS}}
 
 
 def _unknown_keys(block, cls, where="model"):
@@ -45,7 +46,7 @@ def test_model_block_keys_are_fields_and_survive_json(name):
 
 def test_tiny_model_is_the_defaults_plus_its_overrides():
   implied = dataclasses.replace(ModelConfig(), dim=192, ffn_dim=384, patch_size=(1, 1, 1),
-                                camera=CameraConfig(encoding="viewrope"), loci=LociConfig(blocks=(1, 3)))
+                                camera=CameraConfig(encoding="worldrope", channels="hw"), loci=LociConfig(blocks=(1, 3)))
   assert ModelConfig.from_dict(tiny.get_config().model) == implied
 
 
@@ -80,3 +81,20 @@ def test_repro_w384_arm_is_the_recipe_plus_one_change(arm):
 def test_repro_bad_arm_or_scale_names_it(arg, match):
   with pytest.raises(ValueError, match=match):
     repro.get_config(arg)
+
+
+@pytest.mark.parametrize("arm", encodings.ARMS)
+def test_encoding_arm_is_the_default_plus_its_camera(arm):
+  """configs/encodings.py: each arm is the default job with only the camera block (and workdir, no sample) changed."""
+  c, base = encodings.get_config(arm), tiny.get_config()
+  assert c.model.camera.encoding == ("rope3d" if arm == "plucker" else arm)
+  assert c.model.camera.plucker == (arm == "plucker")
+  rest = lambda m: {k: v for k, v in m.to_dict().items() if k != "camera"}  # noqa: E731
+  assert rest(c.model) == rest(base.model)
+  for block in ("data", "recipe", "optim", "sample"):
+    assert c[block].to_dict() == base[block].to_dict()
+  assert c.train.workdir == f"runs/enc/{arm}" and c.train.sample_every == 0
+  built = ModelConfig.from_dict(c.model)
+  assert built.camera.channels == ("hw" if arm == "worldrope" else "t_low")
+  with pytest.raises(ValueError, match="arm must be one of"):
+    encodings.get_config("nope")

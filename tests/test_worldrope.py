@@ -1,5 +1,5 @@
 """WorldRoPE's expected rotary factor: Monte Carlo, the deterministic limit, cameras behind,
-gradients (the operator's pure functions; not yet wired into attention)."""
+the projected covariance against float64 finite differences, the bound |factor| <= 1 under jit, gradients."""
 
 import jax
 import jax.numpy as jnp
@@ -27,10 +27,10 @@ def test_expected_factor_matches_monte_carlo():
   alpha = jnp.array([0.6, 0.4])
   mu, sigma = jnp.array([3.0, 5.0]), jnp.array([0.05, 0.1])
   p = 4.0
-  mean, cov = wr.unproject_gaussians(uv, mu, sigma, jnp.asarray(K), jnp.asarray(key_cam), p)
-  mean2, cov2, ok = wr.project_gaussians(mean, cov, jnp.asarray(K), jnp.asarray(q_cam))
+  mean, root = wr.unproject_gaussians(uv, mu, sigma, jnp.asarray(K), jnp.asarray(key_cam), p)
+  mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
   freqs = wr.mixed_frequencies(jnp.array([0.05, 0.2, 0.5, 1.0]))
-  re, im = wr.expected_rotary_factor(alpha, mean2, cov2, ok, freqs)
+  re, im = wr.expected_rotary_factor(alpha, mean2, root2, ok, freqs)
   # Monte Carlo with the model's own assumptions: Gaussian pixel jitter of variance p^2/12
   # and Gaussian depth; exact (non-linear) unprojection and projection.
   rng = np.random.default_rng(0)
@@ -49,16 +49,16 @@ def test_expected_factor_matches_monte_carlo():
 def test_deterministic_limit_is_rope_at_projected_pixel():
   key_cam, q_cam = _cams()
   uv = jnp.array([12.0, 50.0])
-  mean, cov = wr.unproject_gaussians(uv, jnp.array([4.0]), jnp.array([0.0]), jnp.asarray(K), jnp.asarray(key_cam),
+  mean, root = wr.unproject_gaussians(uv, jnp.array([4.0]), jnp.array([0.0]), jnp.asarray(K), jnp.asarray(key_cam),
                                      0.0)
-  mean2, cov2, ok = wr.project_gaussians(mean, cov, jnp.asarray(K), jnp.asarray(q_cam))
-  np.testing.assert_allclose(np.asarray(cov2), 0.0, atol=1e-12)
+  mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
+  np.testing.assert_allclose(np.asarray(root2), 0.0, atol=1e-12)
   x = np.linalg.inv(K) @ np.array([12.0, 50.0, 1.0]) * 4.0
   xc = q_cam[:3, :3].T @ (x - q_cam[:3, 3])
   pix = (K @ xc)[:2] / xc[2]
   np.testing.assert_allclose(np.asarray(mean2[0]), pix, rtol=1e-5)
   freqs = wr.axial_frequencies(jnp.array([0.1, 0.3]), jnp.array([0.2, 0.7]))
-  re, im = wr.expected_rotary_factor(jnp.ones(1), mean2, cov2, ok, freqs)
+  re, im = wr.expected_rotary_factor(jnp.ones(1), mean2, root2, ok, freqs)
   ph = np.asarray(freqs) @ pix
   np.testing.assert_allclose(np.asarray(re), np.cos(ph), atol=1e-5)
   np.testing.assert_allclose(np.asarray(im), np.sin(ph), atol=1e-5)
@@ -67,11 +67,11 @@ def test_deterministic_limit_is_rope_at_projected_pixel():
 def test_hypotheses_behind_the_query_contribute_nothing():
   key_cam, _ = _cams()
   behind = make_se3(np.diag([-1.0, 1.0, -1.0]), np.array([0.0, 0.0, 0.5]))  # looks back at -z
-  mean, cov = wr.unproject_gaussians(jnp.array([32.0, 32.0]), jnp.array([2.0, 3.0]), jnp.array([0.1, 0.1]),
+  mean, root = wr.unproject_gaussians(jnp.array([32.0, 32.0]), jnp.array([2.0, 3.0]), jnp.array([0.1, 0.1]),
                                      jnp.asarray(K), jnp.asarray(key_cam), 4.0)
-  mean2, cov2, ok = wr.project_gaussians(mean, cov, jnp.asarray(K), jnp.asarray(behind))
+  mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(behind))
   assert not np.asarray(ok).any()
-  re, im = wr.expected_rotary_factor(jnp.array([0.5, 0.5]), mean2, cov2, ok, wr.mixed_frequencies(jnp.ones(3)))
+  re, im = wr.expected_rotary_factor(jnp.array([0.5, 0.5]), mean2, root2, ok, wr.mixed_frequencies(jnp.ones(3)))
   np.testing.assert_array_equal(np.asarray(re), 0.0)
   np.testing.assert_array_equal(np.asarray(im), 0.0)
 
@@ -80,11 +80,84 @@ def test_gradients_are_finite():
   key_cam, q_cam = _cams()
 
   def f(mu, sigma, logits):
-    mean, cov = wr.unproject_gaussians(jnp.array([20.0, 40.0]), mu, sigma, jnp.asarray(K), jnp.asarray(key_cam), 4.0)
-    mean2, cov2, ok = wr.project_gaussians(mean, cov, jnp.asarray(K), jnp.asarray(q_cam))
-    re, im = wr.expected_rotary_factor(jax.nn.softmax(logits), mean2, cov2, ok, wr.mixed_frequencies(jnp.ones(4)))
+    mean, root = wr.unproject_gaussians(jnp.array([20.0, 40.0]), mu, sigma, jnp.asarray(K), jnp.asarray(key_cam), 4.0)
+    mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
+    re, im = wr.expected_rotary_factor(jax.nn.softmax(logits), mean2, root2, ok, wr.mixed_frequencies(jnp.ones(4)))
     return jnp.sum(re * 0.3 + im)
 
   grads = jax.grad(f, argnums=(0, 1, 2))(jnp.array([2.0, 0.0]), jnp.array([0.1, 0.2]), jnp.array([0.1, -0.3]))
   for g in grads:
     assert np.isfinite(np.asarray(g)).all()
+
+
+def test_projected_covariance_matches_float64_jacobian():
+  """``root2 root2^T`` equals ``J_pi cov J_pi^T`` with ``J_pi`` by float64 central differences of the projection."""
+  key_cam, q_cam = _cams()
+  uv, mu, sigma, p = np.array([20.0, 40.0]), 3.0, 0.2, 4.0
+  mean, root = wr.unproject_gaussians(jnp.asarray(uv), jnp.array([mu]), jnp.array([sigma]), jnp.asarray(K),
+                                      jnp.asarray(key_cam), p)
+  _, root2, _ = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
+  got = np.asarray(root2[0], np.float64) @ np.asarray(root2[0], np.float64).T
+
+  def lift(a):  # (u, v, depth) -> world point (key camera = world)
+    return np.linalg.inv(K) @ np.array([a[0], a[1], 1.0]) * a[2]
+
+  def proj(x):
+    xc = q_cam[:3, :3].T @ (x - q_cam[:3, 3])
+    return (K @ xc)[:2] / xc[2]
+
+  a0, h = np.array([uv[0], uv[1], mu]), 1e-5
+  full = np.stack([(proj(lift(a0 + h * e)) - proj(lift(a0 - h * e))) / (2 * h) for e in np.eye(3)], 1)
+  want = full @ np.diag([p**2 / 12, p**2 / 12, sigma**2]) @ full.T
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_factor_is_bounded_under_jit_for_extreme_geometry():
+  """Near-plane and off-axis hypotheses, big spreads, all frequencies: ``|factor| <= sum alpha`` in a jitted,
+  batched call like attention's (an earlier ``J cov J^T`` form overflowed ``exp`` there)."""
+  rng = np.random.default_rng(1)
+  rots = random_rotations(rng, 6)
+  q_cams = np.stack([make_se3(r, np.zeros(3)) for r in rots])[:, None]  # [F, 1, 4, 4]: same centre (rotations)
+  n, m = 64, 4
+  uv = jnp.asarray(rng.uniform(0, 64, (n, 2)))
+  mu = jnp.asarray(rng.choice([0.0, 1e-6, 1e-3, 0.5, 3.0, 40.0], (n, m)))
+  sigma = jnp.asarray(rng.choice([1e-3, 0.3, 5.0, 50.0], (n, m)))
+  freqs = wr.axial_frequencies(jnp.asarray(np.geomspace(1e-4, 1, 8)), jnp.asarray(np.geomspace(1e-4, 1, 8)))
+
+  @jax.jit
+  def f(uv, mu, sigma):
+    mean, root = wr.unproject_gaussians(uv, mu, sigma, jnp.asarray(K), jnp.asarray(make_se3(np.eye(3), np.zeros(3))),
+                                        4.0)
+    mean2, root2, ok = wr.project_gaussians(mean[None], root[None], jnp.asarray(K), jnp.asarray(q_cams))
+    return wr.expected_rotary_factor(jnp.full((m,), 0.25), mean2 / 4.0, root2 / 4.0, ok, freqs)
+
+  re, im = f(uv, mu, sigma)
+  mag = np.hypot(np.asarray(re), np.asarray(im))
+  assert np.isfinite(mag).all()
+  assert mag.max() <= 1.0 + 1e-5
+
+
+def test_per_view_attention_matches_per_frame_dense_attention():
+  """Each query frame attends over keys whose ``channels`` are its own view's: float64 dense attention per frame."""
+  rng = np.random.default_rng(2)
+  b, fq, n, lk, h, d = 2, 3, 4, 10, 2, 8
+  channels = wr.pair_channels([1, 3])  # [2, 3, 6, 7]
+  q = rng.normal(size=(b, fq * n, h, d)).astype(np.float32)
+  k = rng.normal(size=(b, lk, h, d)).astype(np.float32)
+  v = rng.normal(size=(b, lk, h, d)).astype(np.float32)
+  kv = rng.normal(size=(b, fq, lk, h, len(channels))).astype(np.float32)
+  mask = rng.random((b, fq * n, lk)) < 0.7
+  mask[..., 0] = True
+  got = np.asarray(wr.per_view_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(kv), jnp.asarray(v),
+                                         jnp.asarray(mask), n, channels))
+  want = np.zeros_like(got, np.float64)
+  for f in range(fq):
+    kf = k.astype(np.float64).copy()[:, None].repeat(1, 1)[:, 0]
+    kf[..., channels] = kv[:, f]
+    rows = slice(f * n, (f + 1) * n)
+    logit = np.einsum("bqhd,bkhd->bhqk", q[:, rows].astype(np.float64), kf) / np.sqrt(d)
+    logit = np.where(mask[:, None, rows], logit, -np.inf)
+    p = np.exp(logit - logit.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want[:, rows] = np.einsum("bhqk,bkhd->bqhd", p, v.astype(np.float64))
+  np.testing.assert_allclose(got, want, atol=1e-5)

@@ -32,7 +32,7 @@ from jaxwm.geometry.cameras import token_pixel_centers
 
 
 def unproject_gaussians(uv, mu, sigma, intrinsics, c2w, patch_pixels):
-  """World Gaussians of depth hypotheses.
+  """World Gaussians of depth hypotheses, their covariances as square roots.
 
   Args:
     uv: ``[..., 2]`` pixel centres of the key tokens.
@@ -41,7 +41,8 @@ def unproject_gaussians(uv, mu, sigma, intrinsics, c2w, patch_pixels):
     patch_pixels: ``p``, the token's footprint in pixels (position variance ``p^2 / 12``).
 
   Returns:
-    ``(mean [..., M, 3], cov [..., M, 3, 3])``.
+    ``(mean [..., M, 3], root [..., M, 3, 3])`` with covariance ``root @ root^T =
+    J diag(s^2, s^2, sigma^2) J^T`` (``root = J diag(s, s, sigma)``: positive semi-definite by construction).
   """
   k_inv = jnp.linalg.inv(intrinsics)
   rot, origin = c2w[..., :3, :3], c2w[..., :3, 3]
@@ -49,23 +50,23 @@ def unproject_gaussians(uv, mu, sigma, intrinsics, c2w, patch_pixels):
   du = (rot @ k_inv)[..., :, 0]  # dX/du per unit depth
   dv = (rot @ k_inv)[..., :, 1]
   mean = origin[..., None, :] + mu[..., None] * ray[..., None, :]
-  jac = jnp.stack([mu[..., None] * du[..., None, :], mu[..., None] * dv[..., None, :],
-                   jnp.broadcast_to(ray[..., None, :], mean.shape)], -1)  # [..., M, 3, 3] columns u, v, depth
-  s2 = patch_pixels**2 / 12.0
-  var = jnp.stack([jnp.full_like(sigma, s2), jnp.full_like(sigma, s2), sigma**2], -1)
-  cov = jnp.einsum("...ij,...j,...kj->...ik", jac, var, jac)
-  return mean, cov
+  s = patch_pixels / np.sqrt(12.0)
+  root = jnp.stack([(s * mu)[..., None] * du[..., None, :], (s * mu)[..., None] * dv[..., None, :],
+                    sigma[..., None] * ray[..., None, :]], -1)  # [..., M, 3, 3] columns u, v, depth
+  return mean, root
 
 
-def project_gaussians(mean, cov, intrinsics, c2w, eps=1e-6):
+def project_gaussians(mean, root, intrinsics, c2w, eps=1e-6):
   """First-order projection of world Gaussians into a camera.
 
   Args:
-    mean: ``[..., M, 3]``; cov: ``[..., M, 3, 3]``; intrinsics ``[..., 3, 3]``, c2w ``[..., 4, 4]``
-      of the query camera (leading dims broadcast against the Gaussians').
+    mean: ``[..., M, 3]``; root: ``[..., M, 3, R]`` covariance roots (``cov = root root^T``);
+      intrinsics ``[..., 3, 3]``, c2w ``[..., 4, 4]`` of the query camera (leading dims broadcast
+      against the Gaussians').
 
   Returns:
-    ``(mean2 [..., M, 2] pixels, cov2 [..., M, 2, 2], in_front [..., M] bool)``.
+    ``(mean2 [..., M, 2] pixels, root2 [..., M, 2, R], in_front [..., M] bool)``; the projected covariance is
+    ``Sigma' = J_pi cov J_pi^T = root2 root2^T``. Hypotheses behind the camera get ``mean2 = root2 = 0``.
   """
   rot, origin = c2w[..., :3, :3], c2w[..., :3, 3]
   xc = jnp.einsum("...ji,...mj->...mi", rot, mean - origin[..., None, :])  # R^T (X - o)
@@ -75,29 +76,34 @@ def project_gaussians(mean, cov, intrinsics, c2w, eps=1e-6):
   k = intrinsics[..., None, :, :]
   fx, fy, cx, cy, sk = k[..., 0, 0], k[..., 1, 1], k[..., 0, 2], k[..., 1, 2], k[..., 0, 1]
   x, y = xc[..., 0] / zs, xc[..., 1] / zs
-  mean2 = jnp.stack([fx * x + sk * y + cx, fy * y + cy], -1)
+  mean2 = jnp.where(in_front[..., None], jnp.stack([fx * x + sk * y + cx, fy * y + cy], -1), 0.0)
   zero = jnp.zeros_like(x)
   # d(u, v) / d(x_c, y_c, z_c)
   jc = jnp.stack([jnp.stack([fx / zs, sk / zs, -(fx * x + sk * y) / zs], -1),
                   jnp.stack([zero, fy / zs, -fy * y / zs], -1)], -2)
-  jac = jnp.einsum("...mij,...kj->...mik", jc, rot)  # chain with d x_c / d X = R^T
-  cov2 = jac @ cov @ jnp.swapaxes(jac, -1, -2)
-  return mean2, cov2, in_front
+  # chain with d x_c / d X = R^T, then the root: [..., M, 2, R]
+  root_c = jnp.einsum("...ji,...mjr->...mir", rot, root)  # R^T root
+  root2 = jnp.einsum("...mic,...mcr->...mir", jc, root_c)
+  return mean2, jnp.where(in_front[..., None, None], root2, 0.0), in_front
 
 
-def expected_rotary_factor(alpha, mean2, cov2, valid, freqs):
+def expected_rotary_factor(alpha, mean2, root2, valid, freqs):
   """``sum_m alpha_m valid_m exp(i w . mu'_m - w^T Sigma'_m w / 2)`` per frequency.
 
   Args:
-    alpha: ``[..., M]`` hypothesis weights; mean2 ``[..., M, 2]``, cov2 ``[..., M, 2, 2]`` in the
-      units of the frequencies; valid ``[..., M]`` (False: behind the query camera).
+    alpha: ``[..., M]`` hypothesis weights; mean2 ``[..., M, 2]`` and the covariance roots root2
+      ``[..., M, 2, R]`` (``Sigma' = root2 root2^T``) in the units of the frequencies; valid ``[..., M]``
+      (False: behind the query camera).
     freqs: ``[P, 2]`` frequency vectors (axial ``[w, 0]`` / ``[0, w]``, or mixed).
 
   Returns:
-    ``(real, imag)``, each ``[..., P]``.
+    ``(real, imag)``, each ``[..., P]``. ``w^T Sigma' w = |root2^T w|^2`` is never negative, so the
+    attenuation is at most 1 (a triple product ``J cov J^T`` lost its symmetry under XLA's CPU fusion
+    and overflowed ``exp``; the root form cannot).
   """
   phase = jnp.einsum("...mi,pi->...mp", mean2, freqs)
-  quad = jnp.einsum("pi,...mij,pj->...mp", freqs, cov2, freqs)
+  proj = jnp.einsum("pi,...mir->...mpr", freqs, root2)
+  quad = jnp.sum(jnp.square(proj), -1)
   w = (alpha * valid)[..., None] * jnp.exp(-0.5 * quad)
   return jnp.sum(w * jnp.cos(phase), -2), jnp.sum(w * jnp.sin(phase), -2)
 
@@ -146,58 +152,67 @@ def key_gaussians(raw, uv, intrinsics, c2w, patch_pixels, depth_init):
     depth_init: ``[M]`` initial depths (biases).
 
   Returns:
-    dict with ``mean [B, L, M, 3]``, ``cov [B, L, M, 3, 3]``, ``alpha [B, L, M]``.
+    dict with ``mean [B, L, M, 3]``, ``root [B, L, M, 3, 3]`` (covariance roots), ``alpha [B, L, M]``.
   """
   m = depth_init.shape[0]
   logits, d, log_s = raw[..., :m], raw[..., m:2 * m], raw[..., 2 * m:]
   mu = jnp.maximum(d + depth_init, 0.0)
   sigma = jnp.exp(log_s - 1.0)
-  mean, cov = unproject_gaussians(jnp.broadcast_to(uv, raw.shape[:2] + (2,)), mu, sigma, intrinsics, c2w,
-                                  patch_pixels)
-  return {"mean": mean, "cov": cov, "alpha": jax.nn.softmax(logits, axis=-1)}
+  mean, root = unproject_gaussians(jnp.broadcast_to(uv, raw.shape[:2] + (2,)), mu, sigma, intrinsics, c2w,
+                                   patch_pixels)
+  return {"mean": mean, "root": root, "alpha": jax.nn.softmax(logits, axis=-1)}
 
 
 def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token):
-  """Keys as seen from each query view: ``k [B, Lk, H, D]`` -> ``[B, Fq, Lk, H, D]``.
+  """The pairs ``pair_idx`` of every key as seen from each query view: ``k [B, Lk, H, D]`` ->
+  ``[B, Fq, Lk, H, 2 P]`` (channels ``2p, 2p + 1`` of each pair, in ``pair_idx`` order).
 
-  The pairs ``pair_idx`` of every key are multiplied (as complex numbers) by the expected
-  rotary factor of the key's Gaussians projected into query view ``f`` (token-grid units).
+  Each pair is multiplied (as a complex number) by the expected rotary factor of the key's Gaussians
+  projected into query view ``f`` (token-grid units). The other channels do not depend on the view and
+  are not repeated per view (:func:`per_view_attention` takes them from ``k``).
   """
   mean = gauss["mean"][:, None]  # [B, 1, Lk, M, 3]
-  cov = gauss["cov"][:, None]
+  root = gauss["root"][:, None]
   kq = q_intrinsics[:, :, None]  # [B, Fq, 1, 3, 3]
   cq = q_c2w[:, :, None]
-  mean2, cov2, ok = project_gaussians(mean, cov, kq, cq)
+  mean2, root2, ok = project_gaussians(mean, root, kq, cq)
   s = pixels_per_token
   mean2 = mean2 / s - 0.5  # pixel -> token-grid coordinates (token centres at integers)
-  cov2 = cov2 / (s * s)
-  re, im = expected_rotary_factor(gauss["alpha"][:, None], mean2, cov2, ok, jnp.asarray(freqs))  # [B, Fq, Lk, P]
-  pairs = jnp.asarray(pair_idx)
+  root2 = root2 / s
+  re, im = expected_rotary_factor(gauss["alpha"][:, None], mean2, root2, ok, jnp.asarray(freqs))  # [B, Fq, Lk, P]
+  pairs = np.asarray(pair_idx)
   kp = k.astype(jnp.float32).reshape(k.shape[:-1] + (k.shape[-1] // 2, 2))[:, :, :, pairs]  # [B, Lk, H, P, 2]
-  k0, k1 = kp[None, ..., 0].swapaxes(0, 1), kp[None, ..., 1].swapaxes(0, 1)  # [B, 1, Lk, H, P]
+  k0, k1 = kp[:, None, ..., 0], kp[:, None, ..., 1]  # [B, 1, Lk, H, P]
   re, im = re[:, :, :, None, :], im[:, :, :, None, :]
   new = jnp.stack([k0 * re - k1 * im, k0 * im + k1 * re], -1)  # [B, Fq, Lk, H, P, 2]
-  full = jnp.broadcast_to(k.astype(jnp.float32).reshape(k.shape[:-1] + (k.shape[-1] // 2, 2))[:, None],
-                          new.shape[:1] + (re.shape[1],) + k.shape[1:-1] + (k.shape[-1] // 2, 2))
-  full = full.at[:, :, :, :, pairs].set(new)
-  return full.reshape(full.shape[:-2] + (k.shape[-1],)).astype(k.dtype)
+  return new.reshape(new.shape[:-2] + (2 * len(pairs),)).astype(k.dtype)
 
 
-def per_view_attention(q, k_views, v, mask, tokens_per_frame):
-  """Softmax attention where each query frame ``f`` uses its own keys ``k_views[:, f]``.
+def pair_channels(pair_idx):
+  """Head channels of the pairs ``pair_idx`` in :func:`transform_keys`'s order (static)."""
+  return np.asarray([c for p in pair_idx for c in (2 * p, 2 * p + 1)], np.int32)
+
+
+def per_view_attention(q, k, k_views, v, mask, tokens_per_frame, channels):
+  """Softmax attention where each query frame ``f`` sees the keys' ``channels`` as ``k_views[:, f]``.
 
   Args:
-    q: ``[B, Fq * N, H, D]``; k_views: ``[B, Fq, Lk, H, D]``; v: ``[B, Lk, H, D]``;
-    mask: bool broadcastable to ``[B, Fq * N, Lk]`` or None.
+    q: ``[B, Fq * N, H, D]``; k: ``[B, Lk, H, D]`` (the view-independent channels are read from it);
+      k_views: ``[B, Fq, Lk, H, C]``, the ``C`` = len(``channels``) view-dependent channels;
+      v: ``[B, Lk, H, D]``; mask: bool broadcastable to ``[B, Fq * N, Lk]`` or None.
 
   Returns:
-    ``[B, Fq * N, H, D]``.
+    ``[B, Fq * N, H, D]``: ``softmax((q_rest . k_rest + q_ch . k_views[f]) / sqrt(D)) v``.
   """
   b, lq, h, d = q.shape
   fq = k_views.shape[1]
   qf = q.reshape(b, fq, tokens_per_frame, h, d)
-  logits = jnp.einsum("bfnhd,bfkhd->bhfnk", qf, k_views, preferred_element_type=jnp.float32) * d**-0.5
-  logits = logits.reshape(b, h, lq, -1)
+  rest = np.setdiff1d(np.arange(d), channels)
+  logits = jnp.einsum("bfnhc,bfkhc->bhfnk", qf[..., channels], k_views, preferred_element_type=jnp.float32)
+  if rest.size:
+    logits = logits + jnp.einsum("bfnhc,bkhc->bhfnk", qf[..., rest], k[..., rest],
+                                 preferred_element_type=jnp.float32)
+  logits = logits.reshape(b, h, lq, -1) * d**-0.5
   if mask is not None:
     logits = jnp.where(mask[:, None] if mask.ndim == 3 else mask, logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
@@ -220,7 +235,7 @@ class WorldRoPE(CameraEncoding):
   name = "worldrope"
   unit = 2
   per_view_keys = True
-  _GAUSS = ("mean", "cov", "alpha")
+  _GAUSS = ("mean", "root", "alpha")
 
   def check(self, cfg):
     from jaxwm.encodings.channels import channel_index, resolve_channels  # pylint: disable=g-import-not-at-top
@@ -238,7 +253,7 @@ class WorldRoPE(CameraEncoding):
 
   def cache_entries(self, cfg):
     m = cfg.camera.hypotheses
-    return {"wr_mean": ((m, 3), jnp.float32), "wr_cov": ((m, 3, 3), jnp.float32), "wr_alpha": ((m,), jnp.float32)}
+    return {"wr_mean": ((m, 3), jnp.float32), "wr_root": ((m, 3, 3), jnp.float32), "wr_alpha": ((m,), jnp.float32)}
 
   def attend(self, cfg, x, q, k, v, queries, cached, cache_kv, mask, plan):
     """Per-view attention of queries ``q [B, L, H, D]`` (raw) over own keys ``k, v`` and the cache.
@@ -267,7 +282,8 @@ class WorldRoPE(CameraEncoding):
     freqs = hw_frequencies(cfg.head_dim, pairs, cfg.rope_theta, cc.mixed_frequencies)
     k_views = transform_keys(keys["k"], {n: keys[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs, pairs,
                              pixels)
-    return per_view_attention(q, k_views, keys["v"], mask, q.shape[1] // cam.q_k.shape[1]), own
+    return per_view_attention(q, keys["k"], k_views, keys["v"], mask, q.shape[1] // cam.q_k.shape[1],
+                              pair_channels(pairs)), own
 
 
 ENCODING = WorldRoPE()
