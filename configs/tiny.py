@@ -40,7 +40,7 @@ def get_config():
   # routed `global_fraction` of heads the whole history and the rest the last `window` frames.
   # Logit-normal timesteps: +1.0 dB co-visible, +1.0 dB return PSNR over uniform in the same 720 steps (RESULTS.md).
   c.recipe = ml_collections.ConfigDict(dict(
-      chunk_size=2, timestep_distribution="logit_normal", timestep_shift=1.0, layout="teacher_forcing",
+      chunk_size=2, timestep_distribution="logit_normal", timestep_shift=1.0, layout="diffusion_forcing",
       text_dropout=0.0,
       chunk_drop=dict(enabled=False, keep=5),
       head_windows=dict(enabled=False, window=12, global_fraction=0.25, pool=12)))
@@ -52,8 +52,8 @@ def get_config():
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
-      num_steps=400, log_every=10, ckpt_every=200, keep=3, async_checkpoint=True, sample_every=400,
-      workdir="runs/tiny", distributed=False, init_from="", gain_every=200))
+      num_steps=960, log_every=10, ckpt_every=320, keep=3, async_checkpoint=True, sample_every=960,
+      workdir="runs/tiny", distributed=False, init_from="", gain_every=320))
   # init_from: an earlier stage's workdir; gain_every: log the memory gain and the co-visible proxy every k steps
   # (0: off)
   # 4 Euler steps: 0.2 dB below 10 at the return pose, 0.2-0.3 dB above on the frames in between (RESULTS.md).

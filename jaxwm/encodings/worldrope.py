@@ -97,13 +97,18 @@ def expected_rotary_factor(alpha, mean2, root2, valid, freqs):
     freqs: ``[P, 2]`` frequency vectors (axial ``[w, 0]`` / ``[0, w]``, or mixed).
 
   Returns:
-    ``(real, imag)``, each ``[..., P]``. ``w^T Sigma' w = |root2^T w|^2`` is never negative, so the
-    attenuation is at most 1 (a triple product ``J cov J^T`` lost its symmetry under XLA's CPU fusion
-    and overflowed ``exp``; the root form cannot).
+    ``(real, imag)``, each ``[..., P]``. ``Sigma'`` is built from its root (diagonal entries are sums of
+    squares) and ``w^T Sigma' w`` is clamped at 0, so the attenuation is at most 1 (a triple product
+    ``J cov J^T`` lost its symmetry under XLA's CPU fusion and overflowed ``exp``).
   """
   phase = jnp.einsum("...mi,pi->...mp", mean2, freqs)
-  proj = jnp.einsum("pi,...mir->...mpr", freqs, root2)
-  quad = jnp.sum(jnp.square(proj), -1)
+  # Sigma' entries from the root (uu, vv >= 0 exactly; uv by Cauchy-Schwarz), then w^T Sigma' w per frequency
+  # as one small contraction; clamped at 0 against rounding.
+  cov3 = jnp.stack([jnp.sum(jnp.square(root2[..., 0, :]), -1), jnp.sum(jnp.square(root2[..., 1, :]), -1),
+                    2.0 * jnp.sum(root2[..., 0, :] * root2[..., 1, :], -1)], -1)  # [..., M, 3]
+  f = jnp.asarray(freqs)
+  fq = jnp.stack([f[:, 0]**2, f[:, 1]**2, f[:, 0] * f[:, 1]], 0)  # [3, P]
+  quad = jnp.maximum(jnp.einsum("...mc,cp->...mp", cov3, fq), 0.0)
   w = (alpha * valid)[..., None] * jnp.exp(-0.5 * quad)
   return jnp.sum(w * jnp.cos(phase), -2), jnp.sum(w * jnp.sin(phase), -2)
 
