@@ -25,6 +25,7 @@ def get_config(variant="w384"):
   c.model.patch_size = (1, 2, 2)  # as measured: 16 tokens of 8x8 pixels per frame (tiny's patch until 2026-12-02)
   c.recipe.timestep_distribution = "uniform"  # as measured (tiny's until 2026-12-02)
   c.model.camera.update(encoding="viewrope", channels="t_low")  # as measured (tiny's until 2026-12-02)
+  c.recipe.layout = "teacher_forcing"  # as measured (tiny's until 2026-12-02)
   c.data.update(num_clips=1024, palindrome_prob=0.25)
   if variant == "w192":  # as measured in RESULTS.md: the 2026-11-30 schedule and 10 Euler steps
     c.optim.update(lr=1e-3, warmup_steps=200, end_lr_ratio=0.1, ema_decay=0.999)

@@ -55,6 +55,7 @@ def get_config(arm="viewrope"):
     c.model.patch_size = (1, 2, 2)
     c.recipe.timestep_distribution = "uniform"
     c.model.camera.update(encoding="viewrope", channels="t_low")  # every arm's base (tiny's until 2026-12-02)
+    c.recipe.layout = "teacher_forcing"
     c.optim.update(lr=1e-3, end_lr_ratio=0.1, ema_decay=0.999)
     c.sample.num_steps = 10
   c.model.attention.update(top_k=BUDGET, window=BUDGET)

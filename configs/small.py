@@ -10,5 +10,6 @@ def get_config():
   c.train.update(num_steps=5000, ckpt_every=1000, sample_every=2000, gain_every=500)
   c.recipe.timestep_distribution = "uniform"
   c.model.camera.update(encoding="viewrope", channels="t_low")  # tiny's until 2026-12-02
+  c.recipe.layout = "teacher_forcing"
   c.train.workdir = "runs/small"
   return c

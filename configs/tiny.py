@@ -36,6 +36,8 @@ def get_config():
   # data.batch_size: the global batch; 0 (the default) makes it per_device_batch_size x the devices the batch is
   # split over (mesh data x fsdp), so the default runs on 1, 2, 4 or 8 devices (train.py resolves and prints it).
   # layout: teacher_forcing (clean history + noisy chunks) | diffusion_forcing (every chunk noised independently).
+  # Diffusion forcing (since 2026-12-02): 9-frame sequences instead of teacher forcing's 15 (7 clean + 8 noisy), so a
+  # WorldRoPE step costs 0.9 s instead of 2.4 and 900 steps fit the 20 minutes (RESULTS.md, "Do the models see?").
   # ReWorld's recipe (docs/design.md §5): chunk drop keeps the sink + `keep` random past chunks; head windows give a
   # routed `global_fraction` of heads the whole history and the rest the last `window` frames.
   # Logit-normal timesteps: +1.0 dB co-visible, +1.0 dB return PSNR over uniform in the same 720 steps (RESULTS.md).
@@ -52,8 +54,8 @@ def get_config():
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
-      num_steps=960, log_every=10, ckpt_every=320, keep=3, async_checkpoint=True, sample_every=960,
-      workdir="runs/tiny", distributed=False, init_from="", gain_every=320))
+      num_steps=900, log_every=10, ckpt_every=300, keep=3, async_checkpoint=True, sample_every=900,
+      workdir="runs/tiny", distributed=False, init_from="", gain_every=300))
   # init_from: an earlier stage's workdir; gain_every: log the memory gain and the co-visible proxy every k steps
   # (0: off)
   # 4 Euler steps: 0.2 dB below 10 at the return pose, 0.2-0.3 dB above on the frames in between (RESULTS.md).

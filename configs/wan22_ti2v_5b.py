@@ -18,4 +18,5 @@ def get_config():
   # The tiny CPU default's short-run choices (EMA 0.995, logit-normal timesteps, since 2026-12-02) are not this one's.
   c.optim.ema_decay = 0.999
   c.recipe.timestep_distribution = "uniform"
+  c.recipe.layout = "teacher_forcing"
   return c
