@@ -100,7 +100,7 @@ def report(args, seeds):
       if p.exists():
         res[(arm, s)] = json.loads(p.read_text())
   lines = [f"Camera encodings on the co-visible score: the default job's model, {args.steps} steps, seeds "
-           f"{','.join(map(str, seeds))}; 35 eval loops and 35 walks, full memory, {args.sample_steps} Euler steps. "
+           f"{','.join(map(str, seeds))}; {args.clips} eval loops and {args.clips} walks, full memory, {args.sample_steps} Euler steps. "
            "Co-visible PSNR pooled over scored frames; [95% bootstrap interval over seeds, then clips].",
            "", "| encoding | seeds | loops co-visible | loops revealed | loops return | walks co-visible | walks revealed |",
            "| --- | --- | --- | --- | --- | --- | --- |"]

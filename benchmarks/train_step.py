@@ -6,6 +6,7 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
   python benchmarks/train_step.py --steps 20 --configs tiny
   python benchmarks/train_step.py --configs recipe_w192,recipe_w384   # the CPU recipe's two widths
   python benchmarks/train_step.py --configs tiny,tiny_p2              # patch 1 (the default) against patch 2
+  python benchmarks/train_step.py --configs tiny_viewrope_tf,tiny_worldrope_tf,tiny_viewrope_df,tiny --steps 3
 
 Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update).
 """
@@ -140,7 +141,20 @@ def _tiny_patch2():
   return c
 
 
+def _tiny_variant(encoding, layout):
+  """The default model with another camera encoding / training layout (RESULTS.md, "The default sees")."""
+  def make():
+    c = tiny.get_config()
+    c.model.camera.update(encoding=encoding, channels="hw" if encoding == "worldrope" else "t_low")
+    c.recipe.layout = layout
+    return c
+  return make
+
+
 CONFIGS = {"tiny": tiny.get_config, "tiny_p2": _tiny_patch2, "small": small.get_config,
+           "tiny_viewrope_tf": _tiny_variant("viewrope", "teacher_forcing"),  # the default until 2026-12-02
+           "tiny_worldrope_tf": _tiny_variant("worldrope", "teacher_forcing"),
+           "tiny_viewrope_df": _tiny_variant("viewrope", "diffusion_forcing"),
            "recipe_w192": lambda: recipe_cpu.get_config("w192"),
            "recipe_w384": lambda: recipe_cpu.get_config("w384")}
 
