@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -24,29 +23,21 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import reproduction  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from configs.encodings import ARMS  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 FAMILIES = ("loops", "walks")
 
 
-def _latest_step(workdir):
-  ck = pathlib.Path(workdir) / "checkpoints"
-  steps = [int(p.name) for p in ck.iterdir() if p.is_dir() and p.name.isdigit()] if ck.is_dir() else []
-  return max(steps) if steps else None
-
-
 def _train(args, arm, seed, wd):
-  if (_latest_step(wd) or 0) >= args.steps:
+  if (reproduction._latest_step(wd) or 0) >= args.steps:  # pylint: disable=protected-access
     return
   cmd = [sys.executable, "train.py", f"--config=configs/encodings.py:{arm}", f"--config.seed={seed}",
          f"--config.train.num_steps={args.steps}", f"--config.train.ckpt_every={args.steps}",
          f"--config.train.gain_every={args.steps}", f"--workdir={wd}"]
-  print(f"[train] {' '.join(cmd[1:])}", flush=True)
-  t0 = time.time()
-  wd.parent.mkdir(parents=True, exist_ok=True)
-  with open(wd.parent / f"{wd.name}.log", "a") as log:
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
-  print(f"[train] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+  reproduction.run_logged(cmd, wd, f"{arm} seed {seed}")
 
 
 def _evaluate(args, arm, seed, wd, path):
@@ -80,16 +71,9 @@ def _pooled(rows, key="covis_psnr"):
   return float(np.mean(f)) if f else np.nan
 
 
-def bootstrap(values, n=2000, seed=0):
-  """Mean and 95% interval of ``values [seeds, clips]``, resampling seeds, then clips."""
-  v = np.asarray(values, float)
-  rng = np.random.default_rng(seed)
-  s, c = v.shape
-  means = np.empty(n)
-  for b in range(n):
-    rows = v[rng.integers(s, size=s)]
-    means[b] = np.nanmean(rows[:, rng.integers(c, size=c)])
-  return float(np.nanmean(v)), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def bootstrap(values):
+  """Mean and 95% interval of ``values [seeds, clips]``, resampling seeds, then clips (the reproduction's)."""
+  return reproduction._bootstrap(values)  # pylint: disable=protected-access
 
 
 def report(args, seeds):

@@ -94,12 +94,17 @@ def _train_one(args, arm, seed):
          f"--workdir={wd}"]
   if stage and arm != "stage1":
     cmd.append(f"--config.train.init_from={run_dir(args.runs, f'stage{int(arm[-1]) - 1}', seed)}")
+  run_logged(cmd, wd, f"{arm} seed {seed}")
+
+
+def run_logged(cmd, wd, label):
+  """Runs the `train.py` command ``cmd`` for workdir ``wd``, its output appended to ``<wd>.log``; prints the time."""
   print(f"[train] {' '.join(cmd[1:])}", flush=True)
   t0 = time.time()
   wd.parent.mkdir(parents=True, exist_ok=True)
   with open(wd.parent / f"{wd.name}.log", "a") as log:
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
-  print(f"[train] {arm} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+  print(f"[train] {label}: {time.time() - t0:.0f} s", flush=True)
 
 
 def train(args, seeds):
