@@ -23,7 +23,7 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configs import recipe_cpu, small, tiny  # noqa: E402
+from configs import encodings, recipe_cpu, small, tiny  # noqa: E402
 from jaxwm.config_checks import resolve_batch_size  # noqa: E402
 from jaxwm.models.config import ModelConfig  # noqa: E402
 from jaxwm.models.transformer import WanModel  # noqa: E402
@@ -144,8 +144,7 @@ def _tiny_patch2():
 def _tiny_variant(encoding, layout):
   """The default model with another camera encoding / training layout (RESULTS.md, "The default sees")."""
   def make():
-    c = tiny.get_config()
-    c.model.camera.update(encoding=encoding, channels="hw" if encoding == "worldrope" else "t_low")
+    c = encodings.get_config(encoding)  # the encoding on its placement
     c.recipe.layout = layout
     return c
   return make

@@ -2,8 +2,8 @@
 
   python train.py --config configs/encodings.py:prope --config.seed=1 --workdir runs/enc/prope_s1
 
-Every arm is the default job's model (configs/tiny.py: patch 1, width 192, logit-normal timesteps, the same
-data and schedule); only the camera encoding changes, each on the placement its paper uses:
+Every arm is the default job's model (configs/tiny.py: patch 1, width 192, logit-normal timesteps, diffusion
+forcing, 900 steps, the same data); only the camera encoding changes, each on the placement its paper uses:
 
 - ``rope3d``: no camera (the backbone's 3D RoPE only);
 - ``plucker``: rope3d plus per-token Plücker rays added to the patch embedding (ReWorld's action injection);
