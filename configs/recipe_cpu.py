@@ -15,13 +15,19 @@ steps; RESULTS.md). About 2.7x the time per step of ``w192``, the first recipe (
 
 from configs import tiny
 
-VARIANTS = ("w192", "w384")
+VARIANTS = ("w192", "w384", "sees")
 
 
 def get_config(variant="w384"):
   if variant not in VARIANTS:
     raise ValueError(f"configs/recipe_cpu.py:{variant}: not one of {VARIANTS}")
   c = tiny.get_config()
+  if variant == "sees":  # the default model (WorldRoPE, diffusion forcing, patch 1) trained 7x longer on 2048 rooms
+    c.data.update(num_clips=2048, clips_per_scene=1)
+    c.optim.update(lr=2e-3, warmup_steps=200, end_lr_ratio=0.0, ema_decay=0.999)
+    c.train.update(num_steps=5500, ckpt_every=500, keep=3, sample_every=5500, gain_every=1000,
+                   workdir="runs/recipe_sees")
+    return c
   c.model.patch_size = (1, 2, 2)  # as measured: 16 tokens of 8x8 pixels per frame (tiny's patch until 2026-12-02)
   c.recipe.timestep_distribution = "uniform"  # as measured (tiny's until 2026-12-02)
   c.model.camera.update(encoding="viewrope", channels="t_low")  # as measured (tiny's until 2026-12-02)
