@@ -48,7 +48,7 @@ from configs import loci_5b, reworld_5b, viewrope_5b, wan22_ti2v_5b  # noqa: E40
 from jaxwm import config_checks  # noqa: E402
 from jaxwm.data import ingest, records  # noqa: E402
 from jaxwm.training import compile_only  # noqa: E402
-from jaxwm.training.data import latent_geometry  # noqa: E402
+from jaxwm.data.sources import latent_geometry  # noqa: E402
 
 RECIPES = {"viewrope_5b": viewrope_5b, "loci_5b": loci_5b, "reworld_5b": reworld_5b}
 TEXT_LEN = 512  # umT5's padded prompt length (jaxwm.text)

@@ -31,7 +31,7 @@ from jaxwm.models.conditioning import Cameras, Frames  # pylint: disable=wrong-i
 from jaxwm.models.loci import MemoryPlan  # pylint: disable=wrong-import-position
 from jaxwm.sampling import clips as clips_lib  # pylint: disable=wrong-import-position
 from jaxwm.sampling.load import load_model  # pylint: disable=wrong-import-position
-from jaxwm.training.data import make_source  # pylint: disable=wrong-import-position
+from jaxwm.data.sources import make_source  # pylint: disable=wrong-import-position
 from jaxwm.training.layout import make_layout  # pylint: disable=wrong-import-position
 
 LEVELS = (0.1, 0.3, 0.5, 0.8, 1.0)

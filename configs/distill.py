@@ -17,6 +17,7 @@ def get_config(arg=None):
   base = importlib.import_module(f"configs.{arg or 'tiny'}")
   c = base.get_config()
   c.train.workdir = f"runs/{arg or 'tiny'}_distill"
+  c.train.task = "distill"  # jaxwm.tasks: train.py runs jaxwm.distill.loop
   c.distill = ml_collections.ConfigDict(dict(
       teacher="",  # the teacher's training workdir (required)
       teacher_step=-1,  # its checkpoint step (-1: the newest intact one; a resume keeps the step it started from)

@@ -32,7 +32,7 @@ def get_config():
       worker_count=0, palindrome_prob=0.25, scale_divisor=1.0, convention="opencv", vae="space_to_depth:4",
       text_encoder="none"))
   # data.source: tfds | procedural (rendered on the fly) | records (python -m jaxwm.data.ingest; data.data_dir is the
-  # ingested folder, data.vae / data.text_encoder name the encoders it used: jaxwm.models.autoencoder, jaxwm.text).
+  # ingested folder, data.vae / data.text_encoder name the encoders it used: jaxwm.encoders).
   # data.batch_size: the global batch; 0 (the default) makes it per_device_batch_size x the devices the batch is
   # split over (mesh data x fsdp), so the default runs on 1, 2, 4 or 8 devices (train.py resolves and prints it).
   # layout: teacher_forcing (clean history + noisy chunks) | diffusion_forcing (every chunk noised independently).
@@ -55,9 +55,9 @@ def get_config():
   c.sharding_rules = [list(r) for r in DEFAULT_RULES]
   c.train = ml_collections.ConfigDict(dict(
       num_steps=900, log_every=10, ckpt_every=300, keep=3, async_checkpoint=True, sample_every=900,
-      workdir="runs/tiny", distributed=False, init_from="", gain_every=300))
+      workdir="runs/tiny", distributed=False, init_from="", gain_every=300, task="diffusion"))
   # init_from: an earlier stage's workdir; gain_every: log the memory gain and the co-visible proxy every k steps
-  # (0: off)
+  # (0: off); task: what train.py runs (jaxwm.tasks: diffusion | distill)
   # 4 Euler steps: 0.2 dB below 10 at the return pose, 0.2-0.3 dB above on the frames in between (RESULTS.md).
   c.sample = ml_collections.ConfigDict(dict(num_steps=4, shift=3.0, guidance=1.0))
   return c

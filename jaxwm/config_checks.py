@@ -180,6 +180,14 @@ def check_optim(config):
 
 
 def check_train(config):
+  from jaxwm import tasks  # pylint: disable=g-import-not-at-top
+  _optional(config, "train.task", _choice, tuple(tasks.TASKS))
+  name = tasks.task_name(config)
+  if name == "distill" and "distill" not in config:
+    raise ConfigError("train.task", name, "needs a distill block (start from configs/distill.py)")
+  if name != "distill" and "distill" in config:
+    raise ConfigError("train.task", name, "the config has a distill block: set train.task=distill "
+                      "(configs/distill.py does)")
   _int(config, "train.num_steps", lo=1)
   _int(config, "train.log_every", lo=1)
   _int(config, "train.ckpt_every", lo=1)
@@ -216,7 +224,8 @@ def _check_records(config):
 
 
 def check_data(config):
-  _choice(config, "data.source", ("tfds", "procedural", "records"))
+  from jaxwm.data.sources import SOURCES  # pylint: disable=g-import-not-at-top
+  _choice(config, "data.source", SOURCES)
   if config.data.source == "records":
     manifest = _check_records(config)
     chunk = _int(config, "recipe.chunk_size", lo=1)
@@ -349,7 +358,7 @@ def check_model(config):
     raise ValueError(f"model: {e}") from None
   _check_attention_impl(cfg)
   d = config.data
-  from jaxwm.training.data import latent_geometry  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.sources import latent_geometry  # pylint: disable=g-import-not-at-top
   lat_h, lat_w, latent_channels = latent_geometry(d)
   where = "the ingested latents" if d.source == "records" else "3 * data.latent_stride**2: space-to-depth latents"
   for key in ("model.in_channels", "model.out_channels"):

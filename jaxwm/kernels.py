@@ -4,9 +4,13 @@
 Each function has its reference's signature plus ``impl`` and ``interpret``:
 
 - ``impl="xla"``: the reference (``interpret`` is ignored);
-- ``impl="pallas_tpu"`` / ``"pallas_gpu"``: the Mosaic / Triton kernel (``interpret=True`` runs
-  it on CPU);
+- another name of the operator's row in :data:`IMPLEMENTATIONS` (``"pallas_tpu"`` / ``"pallas_gpu"``: the Mosaic /
+  Triton kernel; ``interpret=True`` runs it on CPU);
 - anything else: ``ValueError``. Nothing falls back silently.
+
+A new kernel of an operator is one file in ``pallas_kernels/`` (the reference's signature plus ``interpret``)
+and one line in its row of :data:`IMPLEMENTATIONS` (or :func:`register_implementation` at run time);
+``model.attention.impl`` / ``model.loci.impl`` then accept its name.
 
 Dense attention with a token mask (:func:`dot_product_attention`, ``model.attention_impl``) has its
 own names, :data:`ATTENTION_IMPLS`: ``"xla"`` (the reference), ``"splash"`` (TPU splash attention,
@@ -35,14 +39,44 @@ from pallas_kernels import delta_rule as dr_kernels
 from pallas_kernels import frame_sparse_attention as fs_kernels
 from pallas_kernels import splash_attention as splash_kernel
 
-IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
-ATTENTION_IMPLS = ("xla", "splash", "cudnn", "auto")
+REFERENCE = "xla"
+# operator -> {impl name: kernel}; the reference (REFERENCE) is the operator's jaxwm.ops function.
+IMPLEMENTATIONS = {
+    "frame_sparse_attention": {  # gathered attention, ViewRope Eq. 12 (model.attention.impl)
+        "pallas_tpu": fs_kernels.tpu_attention,
+        "pallas_gpu": fs_kernels.gpu_attention,
+    },
+    "delta_rule": {  # the chunked gated delta rule, LOCI §3-4 (model.loci.impl)
+        "pallas_tpu": dr_kernels.tpu_delta_rule,
+        "pallas_gpu": dr_kernels.gpu_delta_rule,
+    },
+}
+ATTENTION_IMPLS = ("xla", "splash", "cudnn", "auto")  # dense attention (model.attention_impl): its own dispatch
 
 
-def check_impl(impl, what):
-  """Raises ``ValueError`` unless ``impl`` is one of :data:`IMPLS`; ``what`` names the operator."""
-  if impl not in IMPLS:
-    raise ValueError(f"{what} impl must be one of {IMPLS}; got impl={impl!r}")
+def impls(op):
+  """The ``impl`` names of operator ``op`` (a key of :data:`IMPLEMENTATIONS`), the reference first."""
+  return (REFERENCE, *IMPLEMENTATIONS[op])
+
+
+def register_implementation(op, name, kernel):
+  """Adds ``kernel`` (the reference's signature plus ``interpret``) as ``impl=name`` of ``op``; returns it."""
+  if op not in IMPLEMENTATIONS:
+    raise ValueError(f"op must be one of {tuple(IMPLEMENTATIONS)}; got {op!r}")
+  if name == REFERENCE or IMPLEMENTATIONS[op].get(name, kernel) is not kernel:
+    raise ValueError(f"{op} already has an implementation {name!r}")
+  IMPLEMENTATIONS[op][name] = kernel
+  return kernel
+
+
+def kernel_of(op, impl, what):
+  """The kernel of ``op`` called ``impl`` (None for the reference); ``ValueError`` naming ``what`` (the operator,
+  in words), the value and the names allowed otherwise."""
+  if impl == REFERENCE:
+    return None
+  if impl not in IMPLEMENTATIONS[op]:
+    raise ValueError(f"{what} impl must be one of {impls(op)}; got impl={impl!r}")
+  return IMPLEMENTATIONS[op][impl]
 
 
 def _split_axes(mesh, axes):
@@ -185,10 +219,9 @@ def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl
   ``q [B, Fq*N, H, D]``, ``k, v [B, Fk*N, H, D]``, ``frame_idx [B, Fq, M]`` (-1 = unused)
   -> ``[B, Fq*N, H, D]`` in ``q``'s dtype. ``batch_axes``: see the module docstring (kernels only).
   """
-  check_impl(impl, "frame-sparse attention")
-  if impl == "xla":
+  kernel = kernel_of("frame_sparse_attention", impl, "frame-sparse attention")
+  if kernel is None:
     return fs_ref.gathered_attention(q, k, v, frame_idx, tokens_per_frame=tokens_per_frame, scale=scale)
-  kernel = fs_kernels.tpu_attention if impl == "pallas_tpu" else fs_kernels.gpu_attention
 
   def fn(q, k, v, frame_idx):
     return kernel(q, k, v, frame_idx, tokens_per_frame=tokens_per_frame, scale=scale, interpret=interpret)
@@ -205,7 +238,7 @@ def frame_sparse_attention(q, k, v, *, tokens_per_frame, history, local_idx, top
   ``q [B, Fq*N, H, D]``, ``k, v [B, Fk*N, H, D]``, ``history [B, Fq, Fk]`` bool,
   ``local_idx [B, Fq, C]`` -> ``(out [B, Fq*N, H, D], selected [B, Fq, top_k or window])``.
   """
-  check_impl(impl, "frame-sparse attention")
+  kernel_of("frame_sparse_attention", impl, "frame-sparse attention")  # refuses before the selection is traced
   idx, selected = fs_ref.attended_frames(q, k, tokens_per_frame=tokens_per_frame, history=history,
                                          local_idx=local_idx, top_k=top_k, sparsity=sparsity,
                                          num_samples=num_samples, window=window, mode=mode, key=key,
@@ -223,11 +256,10 @@ def delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, outp
   ``q, k [B, T, H, K]``, ``v [B, T, H, V]``, ``g [B, T, H(, K)]``, ``beta [B, T, H]``,
   ``initial_state [B, H, K, V]`` -> ``(o [B, T, H, V], final_state [B, H, K, V] or None)``.
   """
-  check_impl(impl, "delta-rule")
+  kernel = kernel_of("delta_rule", impl, "delta-rule")
   kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, chunk_size=chunk_size)
-  if impl == "xla":
+  if kernel is None:
     return dr_ref.delta_rule_chunked(q, k, v, g, beta, **kw)
-  kernel = dr_kernels.tpu_delta_rule if impl == "pallas_tpu" else dr_kernels.gpu_delta_rule
   kw["output_final_state"] = True  # shard_map needs every output an array
   kw.pop("initial_state")
 

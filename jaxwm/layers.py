@@ -1,4 +1,5 @@
-"""Small layers with logical axis names on their parameters."""
+"""Small layers with logical axis names on their parameters: the ground floor under `jaxwm.models` and
+`jaxwm.encodings` (it imports neither)."""
 
 import flax.linen as nn
 import jax

@@ -11,7 +11,6 @@ guidance) swaps a whole example's embedding for the empty prompt's; guidance the
 two velocities: ``v = v_u + s (v_c - v_u)``.
 """
 
-import functools
 import html
 import io
 import os
@@ -225,19 +224,3 @@ def random_text_encoder(cfg=None, seed=0, max_length=32, null_path=None):
   ids = jnp.zeros((1, max_length), jnp.int32)
   params = nn.meta.unbox(jax.jit(UMT5Encoder(cfg).init)(jax.random.PRNGKey(seed), ids, jnp.ones_like(ids)))
   return TextEncoder(cfg, params, tokenizer, max_length=max_length, null_path=null_path)
-
-
-TEXT_ENCODER_FORMS = ("umt5:<tokenizer>,<weights>", "umt5-tiny:<seed>")
-
-
-@functools.lru_cache(maxsize=2)
-def make_text_encoder(name, max_length=512):
-  """A :class:`TextEncoder` by name: ``umt5:<tokenizer path>,<weights path>`` (umT5-XXL, Wan's text
-  encoder; local files only) or ``umt5-tiny:<seed>`` (random test-size weights, tiny tokenizer, 32 tokens)."""
-  m = re.fullmatch(r"umt5-tiny:(\d+)", str(name))
-  if m:
-    return random_text_encoder(seed=int(m.group(1)))
-  m = re.fullmatch(r"umt5:([^,]+),(.+)", str(name))
-  if m:
-    return TextEncoder.load(m.group(1), m.group(2), max_length=max_length)
-  raise ValueError(f"text_encoder={name!r}: must be one of {', '.join(TEXT_ENCODER_FORMS)}")

@@ -118,5 +118,7 @@ def tiny_checkpoint(tmp_path_factory):
   from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
   workdir = tmp_path_factory.mktemp("tiny_run")
   config = tiny_config(**{"train.num_steps": 2, "train.sample_every": 2})
-  _, history = run(config, workdir, mesh=sharding.make_mesh(1, 1, jax.devices()[:1]), progress=False)
+  from jaxwm.evaluation.hooks import training_hooks  # pylint: disable=g-import-not-at-top
+  _, history = run(config, workdir, mesh=sharding.make_mesh(1, 1, jax.devices()[:1]), progress=False,
+                   hooks=training_hooks(config))
   return workdir, config, history

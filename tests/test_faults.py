@@ -18,7 +18,10 @@ from conftest import tiny_config
 
 from jaxwm import checkpoint as ckpt_lib
 from jaxwm.sampling.load import load_model
+from jaxwm.evaluation import hooks as hooks_lib
+from jaxwm.evaluation.hooks import training_hooks
 from jaxwm.training import loop
+from jaxwm.training import workdir as workdir_lib
 from jaxwm.training import sharding as sh
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,7 +32,8 @@ def _config(**kw):
 
 
 def _run(config, workdir):
-  return loop.run(config, workdir, mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False)
+  return loop.run(config, workdir, mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False,
+                  hooks=training_hooks(config))
 
 
 def _host(tree):
@@ -161,7 +165,7 @@ def test_garbage_steps_stale_lock_retention_and_missed_sample(reference, tmp_pat
   assert step == 6 and "step 80 in" in err and "step 70 in" in err and "empty directory" in err
 
   samples = []
-  monkeypatch.setattr(loop, "write_sample", lambda tr, params, s, path: samples.append((s, path)))
+  monkeypatch.setattr(hooks_lib, "write_sample", lambda tr, params, s, path: samples.append((s, path)))
   c = _config(**{"train.keep": 2, "train.sample_every": 3, "optim.lr": 3e-3})
   state, history = _run(c, workdir)
   out = capsys.readouterr()
@@ -197,7 +201,7 @@ def test_locked_workdir_is_refused_untouched(reference, tmp_path):
   ref_dir, _ = reference
   workdir = tmp_path / "w"
   shutil.copytree(ref_dir, workdir)
-  lock = loop.WorkdirLock(workdir).acquire()
+  lock = workdir_lib.WorkdirLock(workdir).acquire()
   try:
     before = _snapshot(workdir)
     with pytest.raises(loop.WorkdirLockedError, match=rf"in use by pid {os.getpid()} on host {socket.gethostname()}"):

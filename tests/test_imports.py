@@ -2,7 +2,10 @@
 
 - ``jaxwm/ops`` holds references only: it imports nothing from ``pallas_kernels``;
 - ``jaxwm/sampling`` and ``jaxwm/cli/sample*.py`` (``sample.py``) import nothing from ``jaxwm.training``;
-- ``pallas_kernels`` uses only public names of ``jaxwm`` (no ``_private`` import or attribute).
+- ``pallas_kernels`` uses only public names of ``jaxwm`` (no ``_private`` import or attribute);
+- the layering of :data:`LAYERS`: training never imports evaluation or distillation (probes and samples are hooks
+  the CLI passes), ``config_checks`` never imports training, encodings never import models (both stand on
+  ``jaxwm/layers.py``, which imports neither), models never import the converters or the encoder factories.
 """
 
 import ast
@@ -109,6 +112,20 @@ def test_sampling_does_not_import_training(path):
 @pytest.mark.parametrize("path", KERNELS, ids=_ids(KERNELS))
 def test_kernels_use_only_public_jaxwm_names(path):
   assert not private_uses(path, "jaxwm")
+
+
+# (files, forbidden package): no file under the first imports anything of the second.
+LAYERS = (("jaxwm/training", "jaxwm.evaluation"), ("jaxwm/training", "jaxwm.distill"),
+          ("jaxwm/config_checks.py", "jaxwm.training"), ("jaxwm/encodings", "jaxwm.models"),
+          ("jaxwm/layers.py", "jaxwm.models"), ("jaxwm/layers.py", "jaxwm.encodings"),
+          ("jaxwm/models", "jaxwm.convert"), ("jaxwm/models", "jaxwm.encoders"))
+_LAYER_CASES = [(str(f.relative_to(ROOT)), banned) for where, banned in LAYERS
+                for f in ([ROOT / where] if where.endswith(".py") else _files(where))]
+
+
+@pytest.mark.parametrize("path,banned", _LAYER_CASES, ids=[f"{p}-{b}" for p, b in _LAYER_CASES])
+def test_layering(path, banned):
+  assert not _hits(ROOT / path, banned)
 
 
 def test_the_checks_see_lazy_relative_and_private_imports(tmp_path):

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from jaxwm import encoders
 from jaxwm.data import ingest as ing
 from jaxwm.data.procedural import make_clip, make_scene, render
 from jaxwm.data.records import LatentWindow, RecordClips, decode_record, encode_record
@@ -165,11 +166,11 @@ def _wan_like():
     x = x.astype(np.float32)
     groups = x[:, 1:].reshape(x.shape[0], -1, 4, *x.shape[2:]).mean(axis=2)
     return vae.encode(np.concatenate([x[:, :1], groups], 1) / 127.5 - 1.0, 8)
-  return ing.LatentEncoder("wan_like", fn, temporal_stride=4, spatial_stride=8)
+  return encoders.LatentEncoder("wan_like", fn, temporal_stride=4, spatial_stride=8)
 
 
 def test_causal_vae_and_text_encoder(inputs, tmp_path):
-  text = ing.TextEncoder("len", lambda caps: np.array([[[len(c)] * 4] * 3 for c in caps], np.float32))
+  text = encoders.CaptionEncoder("len", lambda caps: np.array([[[len(c)] * 4] * 3 for c in caps], np.float32))
   r = _ingest(inputs, tmp_path / "ds", clip_frames=9, stride=1, hop=4, encoder=_wan_like(), text_encoder=text,
               dtype="float16", max_clips_per_video=2)
   assert r["new_clips"] == 5, r["summary"]  # a: 1 clip, b: 2 (of 3), c: 2
@@ -210,7 +211,7 @@ def test_cli(inputs, tmp_path, capsys):
 
 def test_crash_then_resume(inputs, tmp_path):
   """A run that dies mid-way leaves only finished shards; the next run completes without duplicates."""
-  good = ing.space_to_depth_encoder()
+  good = encoders.space_to_depth_encoder()
   calls = []
 
   def flaky(x):
@@ -221,7 +222,7 @@ def test_crash_then_resume(inputs, tmp_path):
 
   out = tmp_path / "ds"
   with pytest.raises(RuntimeError, match="power cut"):
-    _ingest(inputs, out, shard_size=1, batch_size=1, encoder=ing.LatentEncoder(good.name, flaky, 1, 4))
+    _ingest(inputs, out, shard_size=1, batch_size=1, encoder=encoders.LatentEncoder(good.name, flaky, 1, 4))
   assert [s["clips"] for s in json.loads((out / "manifest.json").read_text())["shards"]] == [["a/0"]]
   (out / ".train-00001.array_record.tmp1").write_bytes(b"half a shard")
   r = _ingest(inputs, out, shard_size=1, batch_size=1)
@@ -243,3 +244,24 @@ def test_grain_loader_over_records(inputs, tmp_path):
   batch = next(iter(loader))
   assert batch["latents"].shape == (2, 3, 8, 8, 48) and batch["c2w"].shape == (2, 3, 4, 4)
   np.testing.assert_allclose(batch["c2w"][:, 0], np.broadcast_to(np.eye(4), (2, 4, 4)), atol=1e-6)
+
+
+def test_plug_in_encoders_load_from_a_file(tmp_path):
+  """``--vae`` / ``--text_encoder`` as ``file.py:factory``: the factory's :mod:`jaxwm.encoders` protocol object is
+  used; a factory returning something else is refused in one line naming the flag."""
+  plugin = tmp_path / "my_encoders.py"
+  plugin.write_text("import numpy as np\n"
+                    "from jaxwm import encoders\n"
+                    "def text():\n"
+                    "  return encoders.CaptionEncoder('bag', lambda caps: np.ones((len(caps), 3, 8), np.float32))\n"
+                    "def latent():\n"
+                    "  return encoders.space_to_depth_encoder(2)\n"
+                    "def wrong():\n"
+                    "  return 42\n")
+  text = ing.make_text_encoder(f"{plugin}:text")
+  assert text.name == "bag" and text.fn(["a", "b"]).shape == (2, 3, 8)
+  assert ing.make_encoder(f"{plugin}:latent").spatial_stride == 2
+  with pytest.raises(ing.SettingsError, match=r"--text_encoder=.*the factory must return a CaptionEncoder"):
+    ing.make_text_encoder(f"{plugin}:wrong")
+  with pytest.raises(ing.SettingsError, match=r"--vae=.*the factory must return a LatentEncoder"):
+    ing.make_encoder(f"{plugin}:wrong")

@@ -11,7 +11,7 @@ import pytest
 
 from jaxwm.geometry.rotations import rotation_about_axis
 from jaxwm.geometry.sphere import fibonacci_sphere
-from jaxwm.memory import FullMemory, LandmarkMemory, PanoramaMemory, WindowMemory, make_policy
+from jaxwm.memory import FullMemory, LandmarkMemory, MemoryPolicy, PanoramaMemory, WindowMemory, make_policy
 from jaxwm.memory.panorama import coverage
 
 K = np.array([[16.0, 0, 8], [0, 16, 8], [0, 0, 1]])
@@ -208,3 +208,44 @@ def test_bounded_rollouts_compile_once_and_forget(trajectory):
   with pytest.raises(ValueError, match="memory policy must be one of"):
     make_policy("lru", max_frames=9, chunk_frames=2, image_hw=(16, 16))
   assert isinstance(make_policy("full", max_frames=9, chunk_frames=2, image_hw=(16, 16)), FullMemory)
+
+
+class _SinkAndLastChunk(MemoryPolicy):
+  """A new policy as a user would add one: frame 0 and the latest chunk (sized from the rollout's chunks)."""
+
+  name = "sink_and_last_chunk"
+
+  @classmethod
+  def build(cls, *, max_frames, chunk_frames, image_hw, **kwargs):
+    del max_frames, image_hw
+    return cls(chunk_frames, **kwargs)
+
+  def __init__(self, chunk_frames):
+    self.chunk, self.capacity, self._frames = chunk_frames, 1 + chunk_frames, []
+
+  def update(self, frames, c2w, intrinsics):
+    self._frames += [int(f) for f in frames]
+
+  def resident(self):
+    return self._frames[:1] + self._frames[1:][-self.chunk:]
+
+
+def test_a_new_policy_is_one_class_and_one_registry_line(trajectory, monkeypatch):
+  """The class above plus ``register_policy`` (in the tree: its module name in ``jaxwm.memory.MODULES``): built by
+  name with the rollout's sizes, and it streams the same frames as the window policy it equals."""
+  from jaxwm import memory  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(memory, "POLICIES", dict(memory.POLICIES))
+  memory.register_policy(_SinkAndLastChunk)
+  policy = make_policy("sink_and_last_chunk", max_frames=9, chunk_frames=2, image_hw=(16, 16))
+  assert policy.capacity == 3
+  sampler = _sampler(SLOTS)
+  first = jax.random.normal(jax.random.key(1), (1, 1, 4, 4, 12))
+  out = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=policy, slots=SLOTS)
+  ref = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=WindowMemory(sink=1, window=2),
+                        slots=SLOTS)
+  np.testing.assert_array_equal(out, ref)
+  assert policy.resident() == [0, 7, 8]
+  with pytest.raises(ValueError, match="already registered"):
+    memory.register_policy(type("Clash", (_SinkAndLastChunk,), {}))
+  with pytest.raises(ValueError, match="named MemoryPolicy subclass"):
+    memory.register_policy(dict)

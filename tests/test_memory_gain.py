@@ -104,7 +104,8 @@ def test_training_logs_the_gain_every_k_steps_and_at_the_end(tmp_path):
   from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
   from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
   c = tiny_config(**{"train.num_steps": 3, "train.gain_every": 2, "train.ckpt_every": 3})
-  run(c, tmp_path, mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False)
+  from jaxwm.evaluation.hooks import training_hooks  # pylint: disable=g-import-not-at-top
+  run(c, tmp_path, mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False, hooks=training_hooks(c))
   rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   keys = {f"gain_{t:g}" for t in mg.NOISE_LEVELS}
   assert [r["step"] for r in rows if keys <= r.keys()] == [2, 3]

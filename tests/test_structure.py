@@ -277,3 +277,114 @@ def _all_outputs(jaxpr):
         inner = getattr(sub, "jaxpr", sub)
         if hasattr(inner, "eqns"):
           yield from _all_outputs(inner)
+
+
+def _recurrent_kernel(q, k, v, g, beta, *, initial_state, interpret, scale=None, output_final_state=True,
+                      chunk_size=64):
+  """A 'kernel' as a new backend would add one (the reference's signature plus ``interpret``): here the
+  token-by-token delta rule, an algorithm independent of the chunked reference it stands in for."""
+  from jaxwm.ops import delta_rule as dr  # pylint: disable=g-import-not-at-top
+  del interpret, chunk_size
+  return dr.delta_rule_recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                 output_final_state=output_final_state)
+
+
+def test_a_new_kernel_is_one_function_and_one_table_line(monkeypatch):
+  """``kernels.IMPLEMENTATIONS``: one line (here :func:`register_implementation`) makes ``impl=<name>`` reach the
+  kernel through the one dispatch and makes ``model.loci.impl`` accept the name; unknown names are refused with
+  the list."""
+  from jaxwm import kernels  # pylint: disable=g-import-not-at-top
+  from jaxwm.ops import delta_rule as dr  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(kernels.IMPLEMENTATIONS, "delta_rule", dict(kernels.IMPLEMENTATIONS["delta_rule"]))
+  kernels.register_implementation("delta_rule", "recurrent_jnp", _recurrent_kernel)
+  assert kernels.impls("delta_rule") == ("xla", "pallas_tpu", "pallas_gpu", "recurrent_jnp")
+  ks = jax.random.split(jax.random.key(0), 6)
+  b, t, h, d = 1, 11, 2, 4
+  q, k, v = (jax.random.normal(x, (b, t, h, d)) for x in ks[:3])
+  k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+  g = -jax.nn.softplus(jax.random.normal(ks[3], (b, t, h, d)))
+  beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, h)))
+  s0 = jax.random.normal(ks[5], (b, h, d, d))
+  o, s = kernels.delta_rule_chunked(q, k, v, g, beta, initial_state=s0, output_final_state=True, chunk_size=4,
+                                    impl="recurrent_jnp")
+  o_ref, s_ref = dr.delta_rule_chunked(q, k, v, g, beta, initial_state=s0, output_final_state=True, chunk_size=4)
+  np.testing.assert_allclose(o, o_ref, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(s, s_ref, atol=1e-5, rtol=1e-5)
+  assert LociConfig(impl="recurrent_jnp").impl == "recurrent_jnp"
+  with pytest.raises(ValueError, match=r"delta-rule impl must be one of \('xla', 'pallas_tpu', 'pallas_gpu', "
+                     r"'recurrent_jnp'\); got impl='nope'"):
+    kernels.delta_rule_chunked(q, k, v, g, beta, impl="nope")
+  with pytest.raises(ValueError, match="already has an implementation 'pallas_tpu'"):
+    kernels.register_implementation("delta_rule", "pallas_tpu", _recurrent_kernel)
+
+
+def test_a_new_task_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
+  """``jaxwm.tasks.TASKS``: a :class:`jaxwm.training.runner.Task` in its own module (here a counter with no model)
+  plus one registry line; the shared loop gives it the log cadence, the non-finite stop, checkpoint cadence,
+  hooks and the workdir lock."""
+  import json  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from jaxwm import tasks  # pylint: disable=g-import-not-at-top
+  from jaxwm.training import runner  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.workdir import run_locked  # pylint: disable=g-import-not-at-top
+
+  class Counter(runner.Task):
+    name = "count"
+
+    def __init__(self, config, workdir):
+      self.config, self.workdir, self.num_steps, self.saved = config, workdir, config.train.num_steps, []
+
+    def checkpointer(self):
+      return type("NoCkpt", (), {"latest_step": lambda s: self.saved[-1] if self.saved else None,
+                                 "close": lambda s: None})()
+
+    def make_loader(self):
+      return iter(range(100))
+
+    def restore_or_init(self, ckpt, data_iter):
+      return 0.0, 0
+
+    def step(self, state, host_batch, step):
+      state += host_batch
+      return state, {"total": state, "check": float("inf") if step == 3 else 1.0}
+
+    def loss(self, metrics):
+      return metrics["total"]
+
+    def summarise(self, window, rate):
+      return {"total": window[-1]["total"], "steps": len(window)}
+
+    def on_save(self, ckpt, done, state, data_iter):
+      self.saved.append(done)
+
+  seen = []
+
+  class Spy(runner.Hook):
+    def scalars(self, task, state, done):
+      return {"spy": float(done)}
+
+    def after_save(self, task, state, done):
+      seen.append(done)
+
+  module = type(sys)("counting_task")
+  module.run = lambda config, workdir, mesh=None, progress=True, hooks=(): run_locked(
+      lambda c, w, m, p: run_steps_keep(Counter(c, w), p, hooks), config, workdir, mesh, progress)
+  made = []
+
+  def run_steps_keep(task, progress, hooks):
+    made.append(task)
+    return runner.run_steps(task, progress, hooks)
+
+  monkeypatch.setitem(sys.modules, "counting_task", module)
+  monkeypatch.setitem(tasks.TASKS, "count", tasks.TaskEntry("counting_task"))  # the one line
+  c = tiny_config(**{"train.num_steps": 3, "train.log_every": 2, "train.ckpt_every": 2})
+  c.train.task = "count"
+  _, history = tasks.run(c, tmp_path / "w", progress=False, hooks=[Spy()])
+  assert history == [0.0, 1.0, 3.0] and made[0].saved == [2, 3] and seen == [1, 2, 3]
+  rows = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+  assert rows == [{"step": 2, "total": 1.0, "steps": 2, "spy": 2.0}, {"step": 3, "total": 3.0, "steps": 1, "spy": 3.0}]
+  c.train.num_steps = 4  # step 4's metrics are not finite: stopped before its checkpoint
+  made.clear()
+  with pytest.raises(runner.NonFiniteLossError, match=r"non-finite count state at step 4 \(check inf\)"):
+    tasks.run(c, tmp_path / "w2", progress=False, hooks=())
+  assert made[0].saved == [2]

@@ -73,7 +73,7 @@ def _parser():
                  help="frames to generate, 1 + k * chunk with k >= 1 (default: the training clip)")
   p.add_argument("--steps", type=int, default=None, help="Euler steps per chunk, >= 1 (default: the checkpoint's)")
   p.add_argument("--shift", type=float, default=None, help="timestep shift, > 0 (default: the checkpoint's)")
-  p.add_argument("--memory", default="full", choices=POLICIES,
+  p.add_argument("--memory", default="full", choices=tuple(POLICIES),
                  help="which earlier frames each chunk attends to (bounded policies for long rollouts; docs/design.md §8)")
   p.add_argument("--window", type=int, default=None, help="--memory window: frames kept after the sink (default 8)")
   p.add_argument("--seed", type=int, default=0, help=f"noise seed in [0, {MAX_SEED}]")

@@ -40,7 +40,7 @@ def sample_latent_model(args, config, model, variables, step, frames_n, steps, s
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from jaxwm.data.ingest import latent_cameras  # pylint: disable=g-import-not-at-top
   from jaxwm.geometry import parse_realestate10k, reanchor, validate_cameras  # pylint: disable=g-import-not-at-top
-  from jaxwm.models.autoencoder import make_autoencoder  # pylint: disable=g-import-not-at-top
+  from jaxwm.encoders import make_autoencoder  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.presets import preset_trajectory  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.video import stream_video, text_contexts  # pylint: disable=g-import-not-at-top
   from jaxwm.utils.media import write_video  # pylint: disable=g-import-not-at-top
@@ -86,7 +86,7 @@ def sample_latent_model(args, config, model, variables, step, frames_n, steps, s
   context = null = None
   guidance = config.sample.get("guidance", 1.0) if args.guidance is None else args.guidance
   if model.cfg.cross_attn:
-    from jaxwm.text import make_text_encoder  # pylint: disable=g-import-not-at-top
+    from jaxwm.encoders import make_text_encoder  # pylint: disable=g-import-not-at-top
     try:
       enc = make_text_encoder(config.data.text_encoder)
     except (ValueError, OSError) as e:

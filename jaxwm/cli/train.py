@@ -60,7 +60,7 @@ def _parse_flags(argv, flag_values=flags.FLAGS):
 
 def _init_distributed(config):
   """Multi-process runs: ``jax.distributed`` before the device count is read (``run`` then finds it done)."""
-  from jaxwm.training.loop import maybe_initialize_distributed  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.workdir import maybe_initialize_distributed  # pylint: disable=g-import-not-at-top
   maybe_initialize_distributed(config)
 
 
@@ -103,20 +103,17 @@ def _main(argv):
     except ValueError as e:
       _refuse(e)
     sys.exit(0 if fits else 1)
-  if "distill" in config:  # configs/distill.py: few-step LoRA distillation of distill.teacher (jaxwm.distill)
-    from jaxwm.distill.loop import run  # pylint: disable=g-import-not-at-top
-  else:
-    from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
+  from jaxwm import tasks  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.workdir import RunRefusedError  # pylint: disable=g-import-not-at-top
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax and grain are chatty at INFO
-  from jaxwm.training.loop import RunRefusedError  # pylint: disable=g-import-not-at-top
   try:
-    _, history = run(config, workdir)
+    _, history = tasks.run(config, workdir)  # train.task: diffusion (with its probes and samples) | distill
   except RunRefusedError as e:  # locked workdir, another model's checkpoint, no intact checkpoint
     _refuse(e)
   if history:
     k = max(1, len(history) // 10)
     print(f"loss: first {k} steps {sum(history[:k]) / k:.4f} -> last {k} steps {sum(history[-k:]) / k:.4f}")
-  if "distill" in config:
+  if tasks.task_name(config) == "distill":
     print(f"adapter in {workdir}/adapter; stream with it: python sample.py --workdir {config.distill.teacher} "
           f"--adapter {workdir}")
   else:

@@ -14,7 +14,7 @@ resampled to ``--fps`` or every ``--stride``-th frame (default: every frame), an
 clips of ``--clip_frames`` frames every ``--hop`` frames (default: ``--clip_frames``, no overlap).
 Clips are encoded in batches by a :class:`LatentEncoder` (``--vae``: ``space_to_depth[:S]`` or
 a plug-in ``module:factory`` / ``file.py:factory`` returning one) and optionally a
-:class:`TextEncoder` (``--text_encoder``), and written as records (``jaxwm.data.records``), one
+:class:`CaptionEncoder` (``--text_encoder``), and written as records (``jaxwm.data.records``), one
 shard file per ``--shard_size`` clips, each written to a temporary name then renamed.
 ``manifest.json`` lists the finished shards; a second run skips videos whose clips are all in
 finished shards. Bad inputs are skipped with a reason in ``rejects.jsonl`` (delete a line to
@@ -22,7 +22,6 @@ retry that video). Every argument is checked first: a refusal is one line and ex
 """
 
 import collections
-import dataclasses
 import importlib
 import importlib.util
 import json
@@ -31,12 +30,12 @@ import os
 import pathlib
 import re
 import sys
-from typing import Callable
 
 import numpy as np
 
 from jaxwm.data import records
 from jaxwm.data.video import VIDEO_SUFFIXES, adjust_intrinsics, read_video, resample_indices
+from jaxwm.encoders import caption_encoder, latent_encoder, space_to_depth_encoder
 from jaxwm.geometry import camera_files
 from jaxwm.geometry.rotations import downsample_poses
 from jaxwm.utils.cli import Parser, Refusal, write_json
@@ -45,35 +44,6 @@ from jaxwm.utils.cli import run as run_cli
 FORMAT = "jaxwm.clips"
 REJECTS = "rejects.jsonl"
 DTYPES = ("float32", "float16")
-
-
-@dataclasses.dataclass(frozen=True)
-class LatentEncoder:
-  """A video VAE for ingestion.
-
-  Attributes:
-    name: recorded in the manifest and each record.
-    fn: uint8 ``[N, F, H, W, 3]`` -> ``[N, F', h, w, C]`` with ``F' = 1 + (F - 1) // temporal_stride``.
-    temporal_stride: 1 (per-frame) or a causal VAE's stride (Wan: 4; ``F`` must be ``1 + 4 k``).
-    spatial_stride: ``H, W`` must be multiples of it (``h = H / spatial_stride``).
-  """
-  name: str
-  fn: Callable
-  temporal_stride: int = 1
-  spatial_stride: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class TextEncoder:
-  """``fn``: ``list[str]`` (N captions) -> ``[N, L, D]`` embeddings (padded to one ``L``)."""
-  name: str
-  fn: Callable
-
-
-def space_to_depth_encoder(stride=4):
-  """The lossless stand-in VAE (``jaxwm.models.vae.encode``): ``[N, F, H, W, 3] -> [N, F, H/s, W/s, 3 s^2]``."""
-  from jaxwm.models import vae  # pylint: disable=g-import-not-at-top
-  return LatentEncoder(f"space_to_depth:{stride}", lambda x: np.asarray(vae.encode(np.asarray(x), stride)), 1, stride)
 
 
 def latent_cameras(c2w, intrinsics, temporal_stride):
@@ -117,15 +87,14 @@ def load_plugin(spec, flag):
 
 def make_encoder(spec):
   """``--vae``: ``space_to_depth`` (stride 4), ``space_to_depth:S``, a Wan VAE (``wan2.2:<weights>``,
-  ``wan2.1:<weights>``, ``wan2.2-tiny:<seed>``: ``jaxwm.models.autoencoder``) or a plug-in returning a
-  :class:`LatentEncoder`."""
+  ``wan2.1:<weights>``, ``wan2.2-tiny:<seed>``: :mod:`jaxwm.encoders`) or a plug-in returning a
+  :class:`jaxwm.encoders.LatentEncoder`."""
   m = re.fullmatch(r"space_to_depth(?::(\d+))?", spec)
   if m:
     return space_to_depth_encoder(int(m.group(1) or 4))
   if re.match(r"wan2\.[12](-tiny)?:", spec):
-    from jaxwm.models.autoencoder import ingest_encoder  # pylint: disable=g-import-not-at-top
     try:
-      return LatentEncoder(*ingest_encoder(spec))
+      return latent_encoder(spec)
     except (ValueError, OSError, KeyError) as e:
       raise SettingsError(f"--vae={spec!r}: {' '.join(str(e).split())}") from None
   enc = load_plugin(spec, "--vae")
@@ -140,18 +109,17 @@ def make_encoder(spec):
 
 def make_text_encoder(spec):
   """``--text_encoder``: ``none``, umT5 (``umt5:<tokenizer>,<weights>``, ``umt5-tiny:<seed>``:
-  ``jaxwm.text.make_text_encoder``) or a plug-in returning a :class:`TextEncoder`."""
+  :func:`jaxwm.encoders.make_text_encoder`) or a plug-in returning a :class:`jaxwm.encoders.CaptionEncoder`."""
   if spec in (None, "none"):
     return None
   if re.match(r"umt5(-tiny)?:", spec):
-    from jaxwm.text import make_text_encoder as by_name  # pylint: disable=g-import-not-at-top
     try:
-      enc = by_name(spec)
+      return caption_encoder(spec)
     except (ValueError, OSError, KeyError) as e:
       raise SettingsError(f"--text_encoder={spec!r}: {' '.join(str(e).split())}") from None
-    return TextEncoder(spec, lambda captions: enc.encode(list(captions))[0])
+  enc = load_plugin(spec, "--text_encoder")
   if not (callable(getattr(enc, "fn", None)) and isinstance(getattr(enc, "name", None), str)):
-    raise SettingsError(f"--text_encoder={spec!r}: the factory must return a TextEncoder (name, fn); "
+    raise SettingsError(f"--text_encoder={spec!r}: the factory must return a CaptionEncoder (name, fn); "
                      f"got {type(enc).__name__}")
   return enc
 
@@ -402,8 +370,8 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
   """Ingests a folder of videos (see module doc); arguments as the CLI's flags.
 
   Args:
-    encoder: a :class:`LatentEncoder` (default :func:`space_to_depth_encoder`).
-    text_encoder: a :class:`TextEncoder` or None (captions stored as strings only).
+    encoder: a :class:`jaxwm.encoders.LatentEncoder` (default :func:`space_to_depth_encoder`).
+    text_encoder: a :class:`jaxwm.encoders.CaptionEncoder` or None (captions stored as strings only).
 
   Returns:
     dict with ``new_clips``, ``new_shards``, ``rejected`` (new), ``skipped`` (done or rejected

@@ -1,12 +1,12 @@
 """The distillation run behind ``train.py --config configs/distill.py --config.distill.teacher=<workdir>``: a
 few-step student LoRA ``G`` and a critic LoRA ``F`` over the frozen teacher (:mod:`jaxwm.distill.dmd`).
 
-It keeps :func:`jaxwm.training.loop.run`'s guarantees, reusing that module's helpers: the workdir lock
-(:func:`jaxwm.training.loop.run_locked`), the mesh, parameter shardings, batches and data loader of a
-:class:`jaxwm.training.loop.Trainer` of the same config, atomic checkpoints (:class:`jaxwm.checkpoint.Checkpointer`)
-of ``{G, F, both optimizer states, step}`` with the data iterator and the config, exact resume, a stop on a
-non-finite loss before it can reach a checkpoint, a progress bar and TensorBoard/JSONL scalars rewound on
-resume (:class:`jaxwm.training.loop._Writers`).
+:class:`DistillTask` runs in training's step loop (:func:`jaxwm.training.runner.run_steps`: progress bar,
+TensorBoard/JSONL scalars rewound on resume, a stop on a non-finite metric before it can reach a checkpoint) in a
+locked workdir (:func:`jaxwm.training.workdir.run_locked`), with the mesh, parameter shardings, batches and data
+loader of a :class:`jaxwm.training.loop.Trainer` of the same config, atomic checkpoints
+(:class:`jaxwm.checkpoint.Checkpointer`) of ``{G, F, both optimizer states, step}`` with the data iterator and the
+config, and exact resume (:mod:`jaxwm.training.resume`).
 
 The teacher is restored params-only (:func:`jaxwm.sampling.load.restore_params`, its EMA when kept) from
 ``distill.teacher``; the step restored is recorded in the run's saved config (``distill.teacher_step``) and
@@ -31,13 +31,11 @@ import copy
 import math
 import pathlib
 import shutil
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from tqdm import tqdm
 
 import flax.linen as nn
 
@@ -46,10 +44,13 @@ from jaxwm import lora
 from jaxwm.config_checks import ConfigError
 from jaxwm.distill import dmd
 from jaxwm.training import data as data_lib
+from jaxwm.training import resume
 from jaxwm.training.layout import teacher_forcing_layout
-from jaxwm.training import loop as train_loop
-from jaxwm.training.loop import (NonFiniteLossError, ResumeConfigError, RunRefusedError, Trainer, _say, _Writers,
-                                 resume_config_differences)
+from jaxwm.training.loop import Trainer
+from jaxwm.training.resume import resume_config_differences
+from jaxwm.training.runner import Task, run_steps
+from jaxwm.training.workdir import RunRefusedError, run_locked
+from jaxwm.training.writers import say
 
 ADAPTER_DIR = "adapter"
 # distill.* keys that shape the state (a resume with other values is refused); the rest is logged.
@@ -257,47 +258,28 @@ def load_teacher(config, target, step=None):
     raise
   except (FileNotFoundError, ValueError) as e:
     raise RunRefusedError(f"{where}: {' '.join(str(e).split())}") from None
-  _say(f"teacher: {path} step {src_step} ({field})")
+  say(f"teacher: {path} step {src_step} ({field})")
   return params, src_step
 
 
-def _check_resume(ckpt, step, config, resolved):
-  """Refuses a resume of ``step`` with another model, LoRA shape or teacher step (one line); says changed
-  settings; fills ``resolved["teacher_step"]`` from the checkpoint's config."""
-  try:
-    saved = ckpt.restore_config(step)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ResumeConfigError(f"checkpoint step {step} in {ckpt.directory} has no readable config "
-                            f"({type(e).__name__}): cannot tell which teacher step it distils") from None
-  refused, logged = resume_config_differences(saved, config)
-  flat_saved, flat_now = _flat(saved.get("distill", {}), "distill."), _flat(config.distill.to_dict(), "distill.")
-  for key in _STATE_KEYS:
-    if flat_saved.get(key) != flat_now.get(key):
-      refused.append((key, flat_saved.get(key), flat_now.get(key)))
-  teacher_step = flat_saved.get("distill.teacher_step", -1)
-  if flat_now["distill.teacher_step"] not in (-1, teacher_step):
-    refused.append(("distill.teacher_step", teacher_step, flat_now["distill.teacher_step"]))
-  if refused:
-    diffs = "; ".join(f"{k}: {va!r} (checkpoint) != {vb!r}" for k, va, vb in refused)
-    raise ResumeConfigError(f"cannot resume {ckpt.directory} step {step} with other settings: {diffs}. Resume with "
-                            "the checkpoint's values, or distill in a new --workdir")
-  skip = set(_STATE_KEYS) | {"distill.teacher_step"}
-  for k in sorted(set(flat_saved) | set(flat_now)):
-    if k not in skip and flat_saved.get(k) != flat_now.get(k):
-      logged.append((k, flat_saved.get(k), flat_now.get(k)))
-  for k, va, vb in logged:
-    _say(f"config changed since checkpoint step {step}: {k}: {va!r} -> {vb!r}")
-  resolved["teacher_step"] = int(teacher_step)
+def _distill_differences(resolved):
+  """``extra`` of :func:`jaxwm.training.resume.check_resume_config`: refuses another LoRA shape or teacher step, logs
+  the other ``distill.*`` changes; fills ``resolved["teacher_step"]`` from the checkpoint's config."""
 
+  def extra(saved, config):
+    flat_saved = resume.flat(saved.get("distill", {}), "distill.")
+    flat_now = resume.flat(config.distill.to_dict(), "distill.")
+    refused = [(k, flat_saved.get(k), flat_now.get(k)) for k in _STATE_KEYS if flat_saved.get(k) != flat_now.get(k)]
+    teacher_step = flat_saved.get("distill.teacher_step", -1)
+    if flat_now["distill.teacher_step"] not in (-1, teacher_step):
+      refused.append(("distill.teacher_step", teacher_step, flat_now["distill.teacher_step"]))
+    skip = set(_STATE_KEYS) | {"distill.teacher_step"}
+    logged = [(k, flat_saved.get(k), flat_now.get(k)) for k in sorted(set(flat_saved) | set(flat_now))
+              if k not in skip and flat_saved.get(k) != flat_now.get(k)]
+    resolved["teacher_step"] = int(teacher_step)
+    return refused, logged
 
-def _flat(d, prefix=""):
-  out = {}
-  for k, v in (d.items() if hasattr(d, "items") else []):
-    if hasattr(v, "items"):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
-  return out
+  return extra
 
 
 def _drop_adapters_after(directory, step):
@@ -307,94 +289,97 @@ def _drop_adapters_after(directory, step):
   if later and jax.process_index() == 0:
     for s in sorted(later):
       shutil.rmtree(ckpt_lib.step_dirs(directory)[s])
-    _say(f"removed adapter step(s) {sorted(later)} in {directory}: newer than the restored checkpoint (replayed)")
+    say(f"removed adapter step(s) {sorted(later)} in {directory}: newer than the restored checkpoint (replayed)")
 
 
-def run(config, workdir, mesh=None, progress=True):
+class DistillTask(Task):
+  """DMD iterations of a :class:`Distiller` (``distill.num_steps`` of them); saves the adapter with each
+  checkpoint."""
+
+  name = "distill"
+
+  def __init__(self, config, workdir, mesh=None):
+    self.dist = dist = Distiller(config, workdir, mesh)
+    d = config.distill
+    self.config, self.workdir, self.num_steps = config, pathlib.Path(workdir), int(d.num_steps)
+    self._key = jax.random.key(config.seed + 1)
+    self.base = self.saved_config = self.extra = None
+    n_lora = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(dist.abstract_state.generator))
+    say(f"distilling: {n_lora / 1e6:.3f}M LoRA values per adapter (rank {d.rank}); {d.student_steps} student steps "
+        f"(exit {d.exit}); guidance {d.guidance}; {d.critic_updates} critic updates per generator update; mesh "
+        f"{dict(dist.mesh.shape)}; workdir {self.workdir}")
+
+  def checkpointer(self):
+    return self.dist.trainer.checkpointer()
+
+  def make_loader(self):
+    return self.dist.trainer.make_loader()
+
+  def restore_or_init(self, ckpt, data_iter):
+    dist, config, d = self.dist, self.config, self.config.distill
+    resolved = {"teacher_step": int(d.teacher_step)}
+
+    def init():
+      self.base, resolved["teacher_step"] = load_teacher(config, dist.base_target, resolved["teacher_step"])
+      return dist.init_state(self.base)
+
+    def check(step):
+      resume.check_resume_config(ckpt, step, config, extra=_distill_differences(resolved), require_saved=True,
+                                 advice="distill in a new --workdir", what="other settings")
+
+    state, start = resume.restore_or_init(ckpt, dist.restore_target(), data_iter, check=check, init=init)
+    if self.base is None:  # resumed: the teacher step the run started from
+      self.base, _ = load_teacher(config, dist.base_target, resolved["teacher_step"])
+    self.saved_config = copy.deepcopy(config)
+    self.saved_config.distill.teacher_step = resolved["teacher_step"]
+    _drop_adapters_after(self.workdir / ADAPTER_DIR, start)
+    self.extra = {**dist.settings.adapter_extra(), "teacher": str(d.teacher), "teacher_step": resolved["teacher_step"]}
+    return state, start
+
+  def step(self, state, host_batch, step):
+    state, metrics, _ = self.dist.iteration(state, self.base, self.dist.put_batch(host_batch), self._key, step)
+    return state, {k: float(v) for k, v in metrics.items()}
+
+  def loss(self, metrics):
+    return metrics["critic_loss"]
+
+  def nonfinite_message(self, step, metrics, latest):
+    bad = ", ".join(f"{k} {v}" for k, v in metrics.items() if not math.isfinite(v))
+    return (f"non-finite distillation state at step {step} ({bad}): distillation stopped and this state was not "
+            f"checkpointed (latest checkpoint: step {latest}); lower distill.lr_generator / distill.lr_critic")
+
+  def summarise(self, window, rate):
+    m = window[-1]
+    scalars = {k: m[k] for k in ("critic_loss", "critic_grad_norm", "critic_norm")}
+    gens = [w for w in window if "dmd_loss" in w]
+    if gens:  # the generator updates since the last line (means)
+      for k in ("dmd_loss", "gen_grad_norm", "score_gap", "dmd_norm"):
+        scalars[k] = float(np.mean([w[k] for w in gens]))
+      scalars["gen_norm"] = gens[-1]["gen_norm"]
+    scalars.update(generator_updates=len(gens), steps_per_s=rate)
+    return scalars
+
+  def postfix(self, scalars):
+    out = {"critic": f"{scalars['critic_loss']:.4f}"}
+    if scalars["generator_updates"]:
+      out.update(dmd=f"{scalars['dmd_loss']:.2e}", gap=f"{scalars['score_gap']:.3f}")
+    return out
+
+  def on_save(self, ckpt, done, state, data_iter):
+    ckpt.save(done, state, data_iter, self.saved_config)
+    lora.save_adapter(self.workdir / ADAPTER_DIR, state.generator, self.dist.spec, self.base, step=done,
+                      keep=self.config.train.keep, extra=self.extra)
+
+
+def run(config, workdir, mesh=None, progress=True, hooks=()):
   """Distils (or resumes) until ``config.distill.num_steps`` iterations; returns ``(state, history)``.
 
   ``history``: the critic loss of every iteration of this call. Raises :class:`DistillConfigError` for a
-  refused ``distill`` value before anything is created, :class:`jaxwm.training.loop.WorkdirLockedError` for a
+  refused ``distill`` value before anything is created, :class:`jaxwm.training.workdir.WorkdirLockedError` for a
   workdir in use, :class:`RunRefusedError` for a missing teacher or a teacher of another model,
-  :class:`jaxwm.training.loop.ResumeConfigError` for a resume with another model, LoRA rank/alpha or teacher
-  step, :class:`jaxwm.training.loop.NonFiniteLossError` on a non-finite loss or gradient (that state is never
+  :class:`jaxwm.training.resume.ResumeConfigError` for a resume with another model, LoRA rank/alpha or teacher
+  step, :class:`jaxwm.training.runner.NonFiniteLossError` on a non-finite loss or gradient (that state is never
   checkpointed). A refused run in a workdir it created removes that workdir again.
   """
   check_distill(config)
-  return train_loop.run_locked(_run, config, workdir, mesh, progress)
-
-
-def _run(config, workdir, mesh, progress):
-  dist = Distiller(config, workdir, mesh)
-  tr, d, tc = dist.trainer, config.distill, config.train
-  num_steps = int(d.num_steps)
-  n_lora = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(dist.abstract_state.generator))
-  _say(f"distilling: {n_lora / 1e6:.3f}M LoRA values per adapter (rank {d.rank}); {d.student_steps} student steps "
-       f"(exit {d.exit}); guidance {d.guidance}; {d.critic_updates} critic updates per generator update; mesh "
-       f"{dict(dist.mesh.shape)}; workdir {workdir}")
-  loader = tr.make_loader()
-  data_iter = iter(loader)
-  ckpt = tr.checkpointer()
-  writers = bar = None
-  try:
-    resolved = {"teacher_step": int(d.teacher_step)}
-    if ckpt.all_steps():
-      try:
-        state, start = ckpt.restore(dist.restore_target(), data_iter,
-                                    check=lambda s: _check_resume(ckpt, s, config, resolved))
-      except ckpt_lib.DamagedCheckpointError as e:
-        raise RunRefusedError(str(e)) from None
-      base, _ = load_teacher(config, dist.base_target, resolved["teacher_step"])
-      _say(f"resumed from step {start} in {ckpt.directory}")
-    else:
-      base, resolved["teacher_step"] = load_teacher(config, dist.base_target, resolved["teacher_step"])
-      state, start = dist.init_state(base), 0
-    saved_config = copy.deepcopy(config)
-    saved_config.distill.teacher_step = resolved["teacher_step"]
-    adapter_dir = workdir / ADAPTER_DIR
-    _drop_adapters_after(adapter_dir, start)
-    extra = {**dist.settings.adapter_extra(), "teacher": str(d.teacher), "teacher_step": resolved["teacher_step"]}
-    base_key = jax.random.key(config.seed + 1)
-    writers = _Writers(workdir, start)
-    history, window = [], []
-    bar = tqdm(total=num_steps, initial=start, disable=not progress or jax.process_index() != 0, desc="distill",
-               dynamic_ncols=True)
-    t_last, steps_since = time.perf_counter(), 0
-    for step in range(start, num_steps):
-      batch = dist.put_batch(next(data_iter))
-      state, metrics, gen = dist.iteration(state, base, batch, base_key, step)
-      m = {k: float(v) for k, v in metrics.items()}
-      if not all(map(math.isfinite, m.values())):
-        bad = ", ".join(f"{k} {v}" for k, v in m.items() if not math.isfinite(v))
-        raise NonFiniteLossError(
-            f"non-finite distillation state at step {step + 1} ({bad}): distillation stopped and this state was not "
-            f"checkpointed (latest checkpoint: step {ckpt.latest_step()}); lower distill.lr_generator / "
-            "distill.lr_critic")
-      history.append(m["critic_loss"])
-      window.append(m)
-      steps_since += 1
-      bar.update(1)
-      done = step + 1
-      if done % tc.log_every == 0 or done == num_steps:
-        dt = time.perf_counter() - t_last
-        scalars = {k: m[k] for k in ("critic_loss", "critic_grad_norm", "critic_norm")}
-        gens = [w for w in window if "dmd_loss" in w]
-        if gens:  # the generator updates since the last line (means)
-          for k in ("dmd_loss", "gen_grad_norm", "score_gap", "dmd_norm"):
-            scalars[k] = float(np.mean([w[k] for w in gens]))
-          scalars["gen_norm"] = gens[-1]["gen_norm"]
-        scalars.update(generator_updates=len(gens), steps_per_s=steps_since / max(dt, 1e-9))
-        writers.write(done, scalars)
-        bar.set_postfix(critic=f"{m['critic_loss']:.4f}",
-                        **({"dmd": f"{scalars['dmd_loss']:.2e}", "gap": f"{scalars['score_gap']:.3f}"} if gens else {}))
-        t_last, steps_since, window = time.perf_counter(), 0, []
-      if done % tc.ckpt_every == 0 or done == num_steps:
-        ckpt.save(done, state, data_iter, saved_config)
-        lora.save_adapter(adapter_dir, state.generator, dist.spec, base, step=done, keep=tc.keep, extra=extra)
-  finally:
-    if bar is not None:
-      bar.close()
-    if writers is not None:
-      writers.close()
-    ckpt.close()
-  return state, history
+  return run_locked(lambda c, w, m, p: run_steps(DistillTask(c, w, m), p, hooks), config, workdir, mesh, progress)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxwm.encodings.base import per_token, tile_transform
 from jaxwm.encodings.gta import GTA, TileTensors
 from jaxwm.geometry.rotations import se3_inverse
-from jaxwm.models.layers import dense
+from jaxwm.layers import dense
 
 
 def pose_descriptor(c2w):

@@ -30,6 +30,11 @@ class LandmarkMemory(MemoryPolicy):
 
   name = "landmark"
 
+  @classmethod
+  def build(cls, *, max_frames, chunk_frames, image_hw, **kwargs):
+    del max_frames, image_hw
+    return cls(chunk_frames, **kwargs)
+
   def __init__(self, chunk_frames, recent=5, retrieved=6, bank_size=30, stride=4.0, rotation_weight=1.0,
                protected=2, retrieve_by="current"):
     if retrieve_by not in ("current", "next"):
@@ -133,3 +138,6 @@ class LandmarkMemory(MemoryPolicy):
 
   def banked(self):
     return {f for cid in self.bank for f in self.chunks[cid]["frames"]}
+
+
+POLICIES = (LandmarkMemory,)

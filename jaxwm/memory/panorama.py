@@ -36,6 +36,11 @@ class PanoramaMemory(MemoryPolicy):
 
   name = "panorama"
 
+  @classmethod
+  def build(cls, *, max_frames, chunk_frames, image_hw, **kwargs):
+    del max_frames, chunk_frames
+    return cls(image_hw, **kwargs)
+
   def __init__(self, image_hw, bank_size=20, recent=8, directions=4096, radius=6.0, min_new=0.3):
     self.image_hw = tuple(image_hw)
     self.bank_size, self.recent_n, self.radius, self.min_new = bank_size, recent, radius, min_new
@@ -76,3 +81,6 @@ class PanoramaMemory(MemoryPolicy):
 
   def resident(self):
     return ([self.sink] if self.sink is not None else []) + sorted(self.bank) + list(self.recent)
+
+
+POLICIES = (PanoramaMemory,)

@@ -12,10 +12,19 @@ import numpy as np
 
 
 class MemoryPolicy:
-  """Base class. Subclasses set ``capacity`` and implement :meth:`update` and :meth:`resident`."""
+  """Base class. Subclasses set ``name`` (the registry key, :mod:`jaxwm.memory`) and ``capacity`` and implement
+  :meth:`update` and :meth:`resident`; :meth:`build` (from the rollout's sizes) and :meth:`look_ahead` have
+  defaults."""
 
   name = "base"
   capacity: int
+
+  @classmethod
+  def build(cls, *, max_frames, chunk_frames, image_hw, **kwargs):
+    """The policy for a rollout of ``max_frames`` frames in chunks of ``chunk_frames``, frames ``image_hw``
+    pixels; ``kwargs`` are the policy's own settings. Default: ``cls(**kwargs)``."""
+    del max_frames, chunk_frames, image_hw
+    return cls(**kwargs)
 
   def update(self, frames, c2w, intrinsics):
     """Records newly committed ``frames`` (ints, increasing) with ``c2w [n, 4, 4]`` and ``intrinsics [n, 3, 3]``."""
@@ -29,11 +38,21 @@ class MemoryPolicy:
     """Frames whose keys/values must survive leaving the device (host master copy)."""
     return set()
 
+  def look_ahead(self, c2w):
+    """The poses ``c2w [n, 4, 4]`` of the chunk about to be generated, when the rollout knows them (before
+    :meth:`resident` is asked for it). Default: ignored."""
+    del c2w
+
 
 class FullMemory(MemoryPolicy):
   """Every frame, up to ``capacity`` frames (the rollout length)."""
 
   name = "full"
+
+  @classmethod
+  def build(cls, *, max_frames, chunk_frames, image_hw, **kwargs):
+    del chunk_frames, image_hw
+    return cls(max_frames, **kwargs)
 
   def __init__(self, capacity):
     self.capacity = capacity
@@ -66,6 +85,9 @@ class WindowMemory(MemoryPolicy):
     head = self._frames[:self.sink]
     tail = [f for f in self._frames[self.sink:]][-self.window:]
     return head + tail
+
+
+POLICIES = (FullMemory, WindowMemory)
 
 
 def pose_distance(t_a, r_a, t_b, r_b, rotation_weight):

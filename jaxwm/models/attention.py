@@ -19,7 +19,7 @@ from jaxwm import kernels
 from jaxwm.encodings.base import ChannelPlan
 from jaxwm.encodings.rope3d import apply_rotary
 from jaxwm.models.config import ModelConfig
-from jaxwm.models.layers import RMSNorm, batch_mesh_axes, dense
+from jaxwm.layers import RMSNorm, batch_mesh_axes, dense
 from jaxwm.ops import frame_sparse
 from jaxwm.ops.attention import FrameMask, attention_weights, expand_frame_mask
 

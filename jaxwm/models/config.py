@@ -92,8 +92,9 @@ class AttentionConfig:
     if self.selection not in frame_sparse.SELECTION_MODES:
       raise ValueError(f"model.attention.selection must be one of {frame_sparse.SELECTION_MODES}; "
                        f"got {self.selection!r}")
-    if self.impl not in kernels.IMPLS:
-      raise ValueError(f"model.attention.impl must be one of {kernels.IMPLS}; got {self.impl!r}")
+    if self.impl not in kernels.impls("frame_sparse_attention"):
+      raise ValueError(f"model.attention.impl must be one of {kernels.impls('frame_sparse_attention')}; "
+                       f"got {self.impl!r}")
     for name in ("top_k", "num_samples", "window"):
       if getattr(self, name) < 1:
         raise ValueError(f"model.attention.{name} must be >= 1; got {getattr(self, name)}")
@@ -140,8 +141,8 @@ class LociConfig:
     if self.translation_divisor <= 0:
       raise ValueError(f"model.loci.translation_divisor must be > 0; got {self.translation_divisor}")
     from jaxwm import kernels  # pylint: disable=g-import-not-at-top
-    if self.impl not in kernels.IMPLS:
-      raise ValueError(f"model.loci.impl must be one of {kernels.IMPLS}; got {self.impl!r}")
+    if self.impl not in kernels.impls("delta_rule"):
+      raise ValueError(f"model.loci.impl must be one of {kernels.impls('delta_rule')}; got {self.impl!r}")
 
   @classmethod
   def from_dict(cls, d):

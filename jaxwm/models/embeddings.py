@@ -5,7 +5,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxwm.models.layers import dense
+from jaxwm.layers import dense
 
 
 def sinusoidal_embedding(t, dim, max_period=10000.0):

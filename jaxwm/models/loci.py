@@ -32,7 +32,7 @@ from jaxwm.encodings.base import model_poses, tile_transform
 from jaxwm.encodings.prope import PRoPE
 from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims
 from jaxwm.models.config import CameraConfig
-from jaxwm.models.layers import batch_mesh_axes, dense
+from jaxwm.layers import batch_mesh_axes, dense
 
 
 @dataclasses.dataclass(frozen=True)

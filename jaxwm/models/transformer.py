@@ -23,7 +23,7 @@ from jaxwm.models.cache import Entries
 from jaxwm.models.conditioning import Frames
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.embeddings import TextProjection, TimeEmbedding
-from jaxwm.models.layers import LayerNorm, dense
+from jaxwm.layers import LayerNorm, dense
 from jaxwm.ops import frame_sparse
 from jaxwm.ops.attention import FrameMask
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxwm.models.layers import RMSNorm
+from jaxwm.layers import RMSNorm
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _HF_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads", "relative_attention_num_buckets",

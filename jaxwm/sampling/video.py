@@ -7,7 +7,7 @@ memory), and classifier-free guidance on the text.
 import jax.numpy as jnp
 import numpy as np
 
-from jaxwm.models.autoencoder import make_autoencoder
+from jaxwm.encoders import make_autoencoder
 from jaxwm.sampling.streaming import StreamingSampler
 
 
@@ -23,7 +23,7 @@ def stream_video(model, variables, config, first_frame, cameras, *, key, num_fra
     cameras: ``c2w [num_frames, 4, 4]`` (re-anchored on frame 0) and ``intrinsics [num_frames, 3, 3]`` per
       latent frame, in pixels of ``first_frame``.
     key: noise key. num_frames: latent frames, ``1 + k * recipe.chunk_size``.
-    autoencoder: an :class:`jaxwm.models.autoencoder.Autoencoder` (default: ``config.data.vae``).
+    autoencoder: an :class:`jaxwm.encoders.Autoencoder` (default: ``config.data.vae``).
     context, null_context: ``[1, L, D]`` text embeddings of the prompt and of the empty prompt (models with
       ``model.cross_attn``); ``guidance``: the classifier-free guidance scale on the text.
     num_steps, shift: Euler steps per chunk and schedule shift (default: ``config.sample``'s).

@@ -100,7 +100,7 @@ def _records_batch(config, model_cfg):
   """``latents [B, F, h, w, C]`` and with cross-attention ``text_emb [B, L, text_dim]`` in the ingested
   dataset's storage dtype; ``L`` is its empty prompt's length (``null_text_emb.npy``), else umT5's 512."""
   from jaxwm.data import records  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.data import latent_geometry  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.sources import latent_geometry  # pylint: disable=g-import-not-at-top
   d = config.data
   data_dir = os.path.expanduser(d.data_dir)
   dtype = jnp.dtype((records.read_manifest(data_dir) or {}).get("settings", {}).get("dtype", "float32"))

@@ -31,7 +31,7 @@ class TrainState:
 
 def latent_shape(config, num_clean_plus_noisy):
   """``[1, S, h, w, C]`` of the model input in the training layout."""
-  from jaxwm.training.data import latent_geometry  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.sources import latent_geometry  # pylint: disable=g-import-not-at-top
   return (1, num_clean_plus_noisy, *latent_geometry(config.data))
 
 

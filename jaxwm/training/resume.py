@@ -1,0 +1,133 @@
+"""Restore-or-init, shared by every task: the newest intact checkpoint, its saved config compared with the run's
+(another model is refused in one line, changed settings are said), or a fresh state.
+
+Which keys may change on resume: the ``model`` block may not (but :data:`RUNTIME_MODEL_KEYS`, which change how the
+model is computed, not what), nor :data:`SHAPE_KEYS` (they shape the parameters or the train state); the
+:data:`LOGGED` prefixes may (one line each). A task adds its own keys with ``extra`` (distillation: the LoRA
+shape and the teacher step).
+"""
+
+import dataclasses
+
+from jaxwm import checkpoint as ckpt_lib
+from jaxwm.models.config import ModelConfig
+from jaxwm.training.workdir import RunRefusedError
+from jaxwm.training.writers import say
+
+RUNTIME_MODEL_KEYS = ("model.dtype", "model.remat", "model.scan_unroll", "model.attention_impl",
+                      "model.attention.impl", "model.attention.interpret", "model.loci.impl", "model.loci.chunk_size")
+SHAPE_KEYS = ("data.image_size", "data.latent_stride", "recipe.head_windows.enabled")
+LOGGED = ("optim.", "train.num_steps", "data.", "recipe.", "seed")
+ABSENT = "<absent>"
+
+
+class ResumeConfigError(RunRefusedError, ValueError):
+  """The config's model (or a parameter-shaping setting) differs from the checkpoint's."""
+
+
+def flat(d, prefix=""):
+  """``{"a.b.c": value}`` of nested dicts; lists become tuples."""
+  out = {}
+  for k, v in (d.items() if hasattr(d, "items") else []):
+    key = f"{prefix}{k}"
+    if hasattr(v, "items"):
+      out.update(flat(v, key + "."))
+    else:
+      out[key] = _tuples(v)
+  return out
+
+
+def _tuples(v):
+  return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def _model_flat(block):
+  """Flat ``model.*`` with the dataclass defaults filled in (the raw block if it does not parse)."""
+  try:
+    block = dict(block)
+    if "patch_size" in block:
+      block["patch_size"] = tuple(block["patch_size"])
+    return flat(dataclasses.asdict(ModelConfig.from_dict(block)), "model.")
+  except (ValueError, TypeError, KeyError):
+    return flat(block, "model.")
+
+
+def resume_config_differences(saved, config):
+  """Compares a checkpoint's saved config with the config of a run resuming it.
+
+  Args:
+    saved: the checkpoint's config (a dict, as saved).
+    config: the run's config (``ConfigDict`` or dict).
+
+  Returns:
+    ``(refused, logged)``: lists of ``(key, checkpoint value, config value)``. ``refused``: the
+    ``model`` block (but :data:`RUNTIME_MODEL_KEYS`), :data:`SHAPE_KEYS`, the head-routing pool and
+    EMA on/off (they shape the train state); ``logged``: the other keys under :data:`LOGGED` and the
+    runtime model keys.
+  """
+  cur = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  a = {**flat({k: v for k, v in saved.items() if k != "model"}), **_model_flat(saved.get("model", {}))}
+  b = {**flat({k: v for k, v in cur.items() if k != "model"}), **_model_flat(cur.get("model", {}))}
+  refused, logged = [], []
+  for key in sorted(set(a) | set(b)):
+    va, vb = a.get(key, ABSENT), b.get(key, ABSENT)
+    if va == vb:
+      continue
+    if (key.startswith("model.") and key not in RUNTIME_MODEL_KEYS) or key in SHAPE_KEYS:
+      refused.append((key, va, vb))
+    elif key == "recipe.head_windows.pool" and (a.get("recipe.head_windows.enabled") or b.get(
+        "recipe.head_windows.enabled")):
+      refused.append((key, va, vb))
+    elif key == "optim.ema_decay" and va != ABSENT and vb != ABSENT and (va > 0) != (vb > 0):
+      refused.append((key, va, vb))  # EMA on/off: the train state has (no) ema
+    elif key in RUNTIME_MODEL_KEYS or key.startswith(LOGGED):
+      logged.append((key, va, vb))
+  return refused, logged
+
+
+def fmt(v):
+  return repr(v) if isinstance(v, str) and v != ABSENT else str(v)
+
+
+def check_resume_config(ckpt, step, config, *, extra=None, require_saved=False,
+                        advice="train in a new --workdir (train.init_from=<this workdir> starts from its parameters)",
+                        what="another model"):
+  """Refuses (:class:`ResumeConfigError`, one line naming every differing key) a resume of ``step`` whose saved
+  config differs in a refused key; says each logged change in one line.
+
+  ``extra(saved, config) -> (refused, logged)`` adds a task's own keys. Without a readable saved config the
+  model is not compared (a note), or the resume is refused when ``require_saved``. Returns the saved config.
+  """
+  try:
+    saved = ckpt.restore_config(step)
+  except Exception as e:  # pylint: disable=broad-except
+    if require_saved:
+      raise ResumeConfigError(f"checkpoint step {step} in {ckpt.directory} has no readable config "
+                              f"({type(e).__name__}): it cannot be compared with this run's") from None
+    say(f"note: checkpoint step {step} has no readable config ({type(e).__name__}); the model is not compared")
+    return None
+  refused, logged = resume_config_differences(saved, config)
+  if extra is not None:
+    more_refused, more_logged = extra(saved, config)
+    refused, logged = refused + list(more_refused), logged + list(more_logged)
+  if refused:
+    diffs = "; ".join(f"{k}: {fmt(va)} (checkpoint) != {fmt(vb)}" for k, va, vb in refused)
+    raise ResumeConfigError(f"cannot resume {ckpt.directory} step {step} with {what}: {diffs}. Resume with the "
+                            f"checkpoint's values, or {advice}")
+  for k, va, vb in logged:
+    say(f"config changed since checkpoint step {step}: {k}: {fmt(va)} -> {fmt(vb)}")
+  return saved
+
+
+def restore_or_init(ckpt, target, data_iter, *, check, init):
+  """``(state, start)``: the newest intact checkpoint of ``ckpt`` restored into ``target`` (with the data
+  iterator; ``check(step)`` runs before any array is read), or ``(init(), 0)`` when there is none. A checkpoints
+  directory with no intact step raises :class:`RunRefusedError` (one line)."""
+  if not ckpt.all_steps():
+    return init(), 0
+  try:
+    state, start = ckpt.restore(target, data_iter, check=check)
+  except ckpt_lib.DamagedCheckpointError as e:
+    raise RunRefusedError(str(e)) from None
+  say(f"resumed from step {start} in {ckpt.directory}")
+  return state, start

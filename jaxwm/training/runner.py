@@ -1,0 +1,145 @@
+"""The one step loop behind ``train.py``, shared by every task (training, distillation).
+
+A :class:`Task` says what a step is; :func:`run_steps` does the rest, the same for every task: restore-or-init
+(through the task), progress bar, log cadence with rates, a stop on a non-finite metric before that state can
+reach a checkpoint, checkpoint cadence, hooks, and closing what it opened. :class:`Hook` is how a caller adds
+probes and samples (the CLI passes them: ``jaxwm.training`` never imports ``jaxwm.evaluation``).
+
+Cadences (``config.train``): a log line every ``log_every`` steps and at the last step (hooks add their scalars
+to log lines only), a checkpoint every ``ckpt_every`` steps and at the last, then :meth:`Hook.after_save`.
+"""
+
+import math
+import time
+
+import jax
+from tqdm import tqdm
+
+from jaxwm.training.writers import MetricWriters
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Raised when a step's loss (or another checked metric) is NaN or inf; that state is never checkpointed."""
+
+
+class Task:
+  """What one kind of run does. Subclasses set ``name`` (the progress bar's label), ``num_steps``,
+  ``config`` and ``workdir`` and implement the methods below; the loop calls them in this order."""
+
+  name = "task"
+  num_steps = 0
+  config = None
+  workdir = None
+
+  def checkpointer(self):
+    """The run's :class:`jaxwm.checkpoint.Checkpointer`."""
+    raise NotImplementedError
+
+  def make_loader(self):
+    """The data loader (its iterator is checkpointed with the state)."""
+    raise NotImplementedError
+
+  def restore_or_init(self, ckpt, data_iter):
+    """``(state, start)``: resumed (:func:`jaxwm.training.resume.restore_or_init`) or fresh."""
+    raise NotImplementedError
+
+  def step(self, state, host_batch, step):
+    """Step ``step`` (from 0) on a loader batch: ``(state, metrics)``, ``metrics`` a dict of Python floats,
+    every one checked finite."""
+    raise NotImplementedError
+
+  def loss(self, metrics):
+    """The value of ``metrics`` that goes into the returned history."""
+    raise NotImplementedError
+
+  def nonfinite_message(self, step, metrics, latest):
+    """The one-line message of the stop at ``step`` (from 1); ``latest`` is the newest checkpoint step."""
+    bad = ", ".join(f"{k} {v}" for k, v in metrics.items() if not math.isfinite(v))
+    return (f"non-finite {self.name} state at step {step} ({bad}): stopped, and this state was not checkpointed "
+            f"(latest checkpoint: step {latest})")
+
+  def summarise(self, window, rate):
+    """The scalars of a log line from the metrics of the steps since the previous one (``window``) and the
+    steps per second."""
+    raise NotImplementedError
+
+  def postfix(self, scalars):
+    """The progress bar's fields after a log line."""
+    return {}
+
+  def on_save(self, ckpt, done, state, data_iter):
+    """Saves step ``done`` (the state, the data iterator and whatever else the task keeps)."""
+    raise NotImplementedError
+
+
+class Hook:
+  """Something run alongside the loop (a probe, periodic samples); every method may be left as is."""
+
+  def on_start(self, task, state, start):
+    """After restore-or-init, before the first step (``start``: the restored step, 0 when fresh)."""
+
+  def scalars(self, task, state, done):
+    """Extra scalars for the log line of step ``done`` (``{}`` off its cadence)."""
+    return {}
+
+  def postfix(self, scalars):
+    """Progress bar fields from a log line's scalars."""
+    return {}
+
+  def after_save(self, task, state, done):
+    """After step ``done`` (and its checkpoint when one was due)."""
+
+
+def due(done, every, last):
+  """Whether a cadence of ``every`` steps (0: never) fires at step ``done``; it always fires at ``last``."""
+  return bool(every) and (done % every == 0 or done == last)
+
+
+def run_steps(task, progress=True, hooks=()):
+  """Runs ``task`` from its restored (or fresh) state to ``task.num_steps``; returns ``(state, history)``, the
+  history being :meth:`Task.loss` of every step of this call. Raises :class:`NonFiniteLossError` on a
+  non-finite metric, before that state is checkpointed."""
+  tc = task.config.train
+  n = task.num_steps
+  data_iter = iter(task.make_loader())
+  ckpt = task.checkpointer()
+  writers = bar = None
+  try:
+    state, start = task.restore_or_init(ckpt, data_iter)
+    for h in hooks:
+      h.on_start(task, state, start)
+    writers = MetricWriters(task.workdir, start)
+    history, window = [], []
+    bar = tqdm(total=n, initial=start, disable=not progress or jax.process_index() != 0, desc=task.name,
+               dynamic_ncols=True)
+    t_last = time.perf_counter()
+    for step in range(start, n):
+      state, metrics = task.step(state, next(data_iter), step)
+      if not all(map(math.isfinite, metrics.values())):
+        raise NonFiniteLossError(task.nonfinite_message(step + 1, metrics, ckpt.latest_step()))
+      history.append(task.loss(metrics))
+      window.append(metrics)
+      bar.update(1)
+      done = step + 1
+      if due(done, tc.log_every, n):
+        rate = len(window) / max(time.perf_counter() - t_last, 1e-9)
+        scalars = task.summarise(window, rate)
+        for h in hooks:
+          scalars.update(h.scalars(task, state, done))
+        writers.write(done, scalars)
+        fields = task.postfix(scalars)
+        for h in hooks:
+          fields.update(h.postfix(scalars))
+        bar.set_postfix(**fields)
+        t_last, window = time.perf_counter(), []
+      if due(done, tc.ckpt_every, n):
+        task.on_save(ckpt, done, state, data_iter)
+      for h in hooks:
+        h.after_save(task, state, done)
+  finally:
+    if bar is not None:
+      bar.close()
+    if writers is not None:
+      writers.close()
+    ckpt.close()
+  return state, history
