@@ -31,7 +31,7 @@ from jaxwm.models.conditioning import Cameras, Frames  # pylint: disable=wrong-i
 from jaxwm.models.loci import MemoryPlan  # pylint: disable=wrong-import-position
 from jaxwm.sampling import clips as clips_lib  # pylint: disable=wrong-import-position
 from jaxwm.sampling.load import load_model  # pylint: disable=wrong-import-position
-from jaxwm.data.sources import make_source  # pylint: disable=wrong-import-position
+from jaxwm.data.sources import data_of, make_source  # pylint: disable=wrong-import-position
 from jaxwm.training.layout import make_layout  # pylint: disable=wrong-import-position
 
 LEVELS = (0.1, 0.3, 0.5, 0.8, 1.0)
@@ -44,7 +44,7 @@ def _batch(config, split, n):
     ws = [clips_lib.eval_clip(config, i) for i in np.linspace(0, 34, n).round().astype(int)]
   else:
     src = make_source(d, "train")
-    win = ClipWindow(d.num_frames, d.frame_stride, d.image_size, scale_divisor=d.get("scale_divisor", 1.0))
+    win = ClipWindow(d.num_frames, d.frame_stride, d.image_size, scale_divisor=data_of(d).scale_divisor)
     ws = [win.random_map(src[int(i)], np.random.default_rng(int(i))) for i in np.linspace(0, len(src) - 1, n)]
   return {k: np.stack([w[k] for w in ws]) for k in ("frames", "c2w", "intrinsics")}
 

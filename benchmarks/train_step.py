@@ -24,7 +24,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import encodings, recipe_cpu, small, tiny  # noqa: E402
-from jaxwm.config_checks import resolve_batch_size  # noqa: E402
+from jaxwm.training.sharding import resolve_batch_size  # noqa: E402
 from jaxwm.models.config import ModelConfig  # noqa: E402
 from jaxwm.models.transformer import WanModel  # noqa: E402
 from jaxwm.training import sharding as sh  # noqa: E402

@@ -19,6 +19,7 @@ import pytest
 
 from configs import loci_5b, reworld_5b, viewrope_5b
 from jaxwm import config_checks
+from jaxwm.training.sharding import mesh_shape
 from jaxwm.data import ingest, records
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.init import init_params
@@ -86,7 +87,7 @@ def test_config_passes_every_check_on_a_v5p_64(name, tmp_path):
   c, latent_shape, notes = _validated(name, tmp_path)
   assert c.data.source == "records" and c.data.latent_stride == 16 and c.model.camera.vae_stride == 16
   assert c.model.dtype == "bfloat16" and c.model.remat == "full"
-  assert config_checks.mesh_shape(c, DEVICES) == {"data": 1, "fsdp": DEVICES}  # FSDP over every chip
+  assert mesh_shape(c, DEVICES) == {"data": 1, "fsdp": DEVICES}  # FSDP over every chip
   assert c.data.batch_size == 64 and "global batch 64" in notes[-1]  # ReWorld: one window per chip (not stated)
   chunk, frames = c.recipe.chunk_size, c.data.num_frames
   assert (frames - 1) % chunk == 0 and frames <= latent_shape[0]  # the first latent + whole chunks, in the clips

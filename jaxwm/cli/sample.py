@@ -169,6 +169,7 @@ def _main(argv):
   from jaxwm.evaluation.metrics import psnr, ssim  # pylint: disable=g-import-not-at-top
   from jaxwm.geometry import parse_realestate10k, reanchor, validate_cameras  # pylint: disable=g-import-not-at-top
   from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.sources import data_of  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.clips import eval_clip, stream_clip  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.presets import preset_trajectory  # pylint: disable=g-import-not-at-top
   from jaxwm.evaluation import baselines  # pylint: disable=g-import-not-at-top
@@ -221,7 +222,7 @@ def _main(argv):
       c2w, k = reanchor(cams["c2w"][:frames_n]), cams["intrinsics"][:frames_n]
       divisor = args.scale_divisor
       if divisor is None:
-        divisor = config.data.get("scale_divisor", 1.0)
+        divisor = data_of(config.data).scale_divisor
         said.append(f"--scale_divisor {divisor:g} (the checkpoint's data.scale_divisor)")
       c2w[:, :3, 3] /= divisor  # the training units of the model's poses
       source = f"{pathlib.Path(args.image).stem}_{pathlib.Path(args.trajectory).stem}"

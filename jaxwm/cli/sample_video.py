@@ -44,6 +44,8 @@ def sample_latent_model(args, config, model, variables, step, frames_n, steps, s
   from jaxwm.sampling.presets import preset_trajectory  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.video import stream_video, text_contexts  # pylint: disable=g-import-not-at-top
   from jaxwm.utils.media import write_video  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.sources import data_of  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.settings import sample_of  # pylint: disable=g-import-not-at-top
 
   if not args.image:
     raise Refusal("this model was trained on ingested latents (data.source='records'): pass --image (the first "
@@ -65,7 +67,7 @@ def sample_latent_model(args, config, model, variables, step, frames_n, steps, s
                     f"frames need {n_pix} video frames ({ae.name}: {ae.temporal_stride} per latent frame)")
     c2w, k = latent_cameras(cams["c2w"][:n_pix], cams["intrinsics"][:n_pix], ae.temporal_stride)
     c2w = reanchor(c2w)
-    divisor = args.scale_divisor or config.data.get("scale_divisor", 1.0)
+    divisor = args.scale_divisor or data_of(config.data).scale_divisor
     c2w[:, :3, 3] /= divisor
     source = f"{pathlib.Path(args.image).stem}_{pathlib.Path(args.trajectory).stem}"
   else:
@@ -84,7 +86,7 @@ def sample_latent_model(args, config, model, variables, step, frames_n, steps, s
   except (ValueError, TypeError) as e:
     raise Refusal(f"--memory={args.memory}: {e}") from None
   context = null = None
-  guidance = config.sample.get("guidance", 1.0) if args.guidance is None else args.guidance
+  guidance = sample_of(config.sample).guidance if args.guidance is None else args.guidance
   if model.cfg.cross_attn:
     from jaxwm.encoders import make_text_encoder  # pylint: disable=g-import-not-at-top
     try:

@@ -83,7 +83,8 @@ def _check_config(config, workdir):
       import jax  # pylint: disable=g-import-not-at-top
       n, procs = jax.device_count(), jax.process_count()
     if n is not None:
-      notes.append(config_checks.resolve_batch_size(config, n, procs))
+      from jaxwm.training.sharding import resolve_batch_size  # pylint: disable=g-import-not-at-top
+      notes.append(resolve_batch_size(config, n, procs))
     return notes if procs == 1 or jax.process_index() == 0 else []
   except ValueError as e:  # ConfigError, and the model's own checks (they name the key)
     _refuse(e)

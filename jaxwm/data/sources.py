@@ -2,12 +2,70 @@
 build (``tfds``, the default), or clips ingested as latents (``records``, ``python -m jaxwm.data.ingest``); and the
 shape of the latents each gives the model (:func:`latent_geometry`)."""
 
+import dataclasses
 import logging
 import os
 
 from jaxwm.data.procedural import ProceduralClips
+from jaxwm.settings import Block, Choice, Float, Int, Str, setting
 
 SOURCES = ("tfds", "procedural", "records")
+CONVENTIONS = ("opencv", "opengl")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Block):
+  """The ``data`` block (a resume may change any key but ``image_size`` and ``latent_stride``, which shape the
+  parameters; changes are logged).
+
+  Attributes:
+    source: :data:`SOURCES`: ``tfds`` (the procedural scenes built once into ``data_dir``), ``procedural``
+      (rendered on the fly) or ``records`` (``python -m jaxwm.data.ingest``; ``data_dir`` is the ingested folder).
+    data_dir: the TFDS build's folder, or the ingested dataset.
+    num_clips, clips_per_scene: training clips of the procedural scenes, and clips per room.
+    clip_frames, render_size: frames per rendered clip, and their size (pixels).
+    image_size: training frame size (rendered frames are area-downsampled to it).
+    latent_stride: pixels per latent pixel (space-to-depth, or the VAE's).
+    num_frames, frame_stride: latent frames per training window (``1 + k * recipe.chunk_size``) and their spacing.
+    batch_size: the global batch; 0 makes it ``per_device_batch_size`` x the devices the batch is split over.
+    per_device_batch_size: see ``batch_size``.
+    worker_count: grain worker processes (0: in the main process).
+    palindrome_prob: probability of a palindromic window (out and back: the way back revisits the way out).
+    scale_divisor: translations are divided by it (per-source scale).
+    convention: the source's camera convention (:data:`CONVENTIONS`).
+    vae: the autoencoder of the latents (:mod:`jaxwm.encoders`; rendered frames: ``space_to_depth:<stride>``).
+    text_encoder: the text encoder of the records' embeddings (:mod:`jaxwm.encoders`; ``none``).
+  """
+  PREFIX = "data"
+  source: str = setting("tfds", Choice(SOURCES))
+  data_dir: str = setting("data/tfds", Str())
+  num_clips: int = setting(256, Int(lo=1))
+  clips_per_scene: int = setting(8, Int(lo=1))
+  clip_frames: int = setting(17, Int(lo=1))
+  render_size: int = setting(64, Int(lo=1))
+  image_size: int = setting(32, Int(lo=1), resume="refused")
+  latent_stride: int = setting(4, Int(lo=1), resume="refused")
+  num_frames: int = setting(9, Int(lo=1))
+  frame_stride: int = setting(2, Int(lo=1))
+  batch_size: int = setting(0, Int(lo=0, allowed="must be an integer >= 0 (the global batch; 0: "
+                                                  "data.per_device_batch_size x devices)"))
+  per_device_batch_size: int = setting(4, Int(lo=0), absent=0)
+  worker_count: int = setting(0, Int(lo=0))
+  palindrome_prob: float = setting(0.25, Float(ge=0, le=1), absent=0.0)
+  scale_divisor: float = setting(1.0, Float(gt=0))
+  convention: str = setting("opencv", Choice(CONVENTIONS))
+  vae: str = setting("space_to_depth:4", Str(nonempty=True), absent="")
+  text_encoder: str = setting("none", Str(nonempty=True))
+
+  @property
+  def autoencoder(self):
+    """The autoencoder's name (configs saved before ``vae`` existed: space-to-depth at ``latent_stride``)."""
+    return self.vae or f"space_to_depth:{self.latent_stride}"
+
+
+def data_of(block):
+  """A :class:`DataConfig` from a ``data`` block (a saved config's missing keys read as they meant then)."""
+  return block if isinstance(block, DataConfig) else DataConfig.from_dict(block, legacy=True)
 
 
 def make_source(data_cfg, split="train"):

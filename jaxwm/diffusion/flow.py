@@ -32,6 +32,9 @@ def sampling_schedule(num_steps, shift=1.0):
   return shift_timesteps(jnp.linspace(1.0, 0.0, num_steps + 1), shift)
 
 
+TIMESTEP_DISTRIBUTIONS = ("uniform", "logit_normal")
+
+
 def sample_train_timesteps(key, shape, distribution="uniform", shift=1.0):
   """Training times in ``(0, 1)``: ``uniform`` or ``logit_normal`` (SD3), then shifted."""
   if distribution == "uniform":
@@ -39,7 +42,7 @@ def sample_train_timesteps(key, shape, distribution="uniform", shift=1.0):
   elif distribution == "logit_normal":
     t = jax.nn.sigmoid(jax.random.normal(key, shape))
   else:
-    raise ValueError(f"timestep distribution must be 'uniform' or 'logit_normal'; got {distribution!r}")
+    raise ValueError(f"timestep distribution must be one of {TIMESTEP_DISTRIBUTIONS}; got {distribution!r}")
   return shift_timesteps(t, shift)
 
 

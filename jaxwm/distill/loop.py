@@ -28,6 +28,7 @@ of ``train.log_every``.)
 """
 
 import copy
+import dataclasses
 import math
 import pathlib
 import shutil
@@ -41,8 +42,9 @@ import flax.linen as nn
 
 from jaxwm import checkpoint as ckpt_lib
 from jaxwm import lora
-from jaxwm.config_checks import ConfigError
+from jaxwm import settings
 from jaxwm.distill import dmd
+from jaxwm.settings import Block, Bool, Choice, ConfigError, Float, Int, setting
 from jaxwm.training import data as data_lib
 from jaxwm.training import resume
 from jaxwm.training.layout import teacher_forcing_layout
@@ -53,8 +55,6 @@ from jaxwm.training.workdir import RunRefusedError, run_locked
 from jaxwm.training.writers import say
 
 ADAPTER_DIR = "adapter"
-# distill.* keys that shape the state (a resume with other values is refused); the rest is logged.
-_STATE_KEYS = ("distill.rank", "distill.alpha")
 _TEACHER_KEYS = ("data.image_size", "data.latent_stride")  # with model.*: a teacher of another model is refused
 
 
@@ -66,63 +66,71 @@ class DistillConfigError(RunRefusedError, ValueError):
   """A ``distill.*`` value is refused (one line: ``<key>=<value>: <allowed>``)."""
 
 
-def _get(config, key):
-  node = config
-  for part in key.split("."):
-    if not hasattr(node, "keys") or part not in node:
-      raise ConfigError(key, "<missing>", "the config has no such key (start from configs/distill.py)")
-    node = node[part]
-  return node
-
-
-def _number(config, key, kind=float, lo=None, hi=None, lo_open=False, allowed=None):
-  v = _get(config, key)
-  ok = not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else int)
-  ok = ok and math.isfinite(v)
-  ok = ok and (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or v <= hi)
-  if not ok:
-    rng = f"{'>' if lo_open else '>='} {lo}" if lo is not None else ""
-    rng += (" and " if rng and hi is not None else "") + (f"<= {hi}" if hi is not None else "")
-    raise ConfigError(key, v, allowed or f"must be {'an integer' if kind is int else 'a number'} {rng}".strip())
+def _teacher(key, v):
+  if not isinstance(v, str) or not v:
+    raise ConfigError(key, v, "pass the teacher's training workdir: --config.distill.teacher=<workdir> (its newest "
+                      "intact checkpoint is the frozen teacher)")
+  if not pathlib.Path(v).expanduser().is_dir():
+    raise ConfigError(key, v, "no such directory (the teacher's training workdir)")
   return v
 
 
+@dataclasses.dataclass(frozen=True)
+class DistillConfig(Block):
+  """The ``distill`` block (``configs/distill.py``; a resume may change any key but ``rank`` and ``alpha``, which
+  shape the adapters, and keeps the teacher step it started from).
+
+  Attributes:
+    teacher: the teacher's training workdir (required).
+    teacher_step: its checkpoint step (-1: the newest intact one).
+    use_ema: the teacher's EMA parameters when its checkpoint kept them.
+    rank, alpha: LoRA of G (student) and F (critic); ReWorld: rank 128 on the 5B model.
+    student_steps, shift: the student's Euler schedule, ``flow.sampling_schedule(student_steps, shift)``.
+    exit: where the generator's gradient leaves a chunk's rollout (:data:`jaxwm.distill.dmd.EXITS`).
+    guidance: the teacher's classifier-free guidance folded into the student (text models only; else 1).
+    critic_updates: critic updates per generator update (DMD2's two time-scale rule: 5).
+    lr_generator, lr_critic, b1, b2, grad_clip: Adam's (DMD2's ``b1 = 0``); ``grad_clip`` 0: none.
+    t_min, t_max, timestep_shift: DMD and critic re-noising times ``shift(U(t_min, t_max))``.
+    num_steps: iterations (every one updates the critic).
+  """
+  PREFIX = "distill"
+  teacher: str = setting("", _teacher, resume="free")
+  teacher_step: int = setting(-1, Int(lo=-1, allowed="must be a checkpoint step >= 0, or -1 for the newest"),
+                              resume="free")
+  use_ema: bool = setting(True, Bool())
+  rank: int = setting(16, Int(lo=1), resume="refused")
+  alpha: float = setting(16.0, Float(gt=0), resume="refused")
+  student_steps: int = setting(4, Int(lo=1))
+  shift: float = setting(3.0, Float(gt=0))
+  exit: str = setting("random", Choice(dmd.EXITS))
+  guidance: float = setting(1.0, Float(ge=1.0, allowed="must be a number >= 1 (1: no guidance)"))
+  critic_updates: int = setting(5, Int(lo=1, allowed="must be an integer >= 1 (critic updates per generator "
+                                                     "update; DMD2: 5)"))
+  lr_generator: float = setting(1e-4, Float(gt=0))
+  lr_critic: float = setting(1e-4, Float(gt=0))
+  b1: float = setting(0.0, Float(ge=0, le=0.999999))
+  b2: float = setting(0.999, Float(ge=0, le=0.999999))
+  grad_clip: float = setting(10.0, Float(ge=0, allowed="must be >= 0 (0: no clipping)"))
+  t_min: float = setting(0.02, Float(ge=0, le=1))
+  t_max: float = setting(0.98, Float(gt=0, le=1))
+  timestep_shift: float = setting(1.0, Float(gt=0))
+  num_steps: int = setting(600, Int(lo=1))
+
+  def check(self, prefix):
+    if not self.t_min < self.t_max:
+      raise ConfigError(f"{prefix}.t_max", self.t_max, f"must be in ({prefix}.t_min={self.t_min}, 1]")
+
+
 def check_distill(config):
-  """Checks the ``distill`` block (and that the model can be distilled as asked); raises
+  """Checks the ``distill`` block (:class:`DistillConfig`) and that the model can be distilled as asked; raises
   :class:`DistillConfigError` (one line)."""
   try:
-    d = _get(config, "distill")
-    teacher = _get(config, "distill.teacher")
-    if not isinstance(teacher, str) or not teacher:
-      raise ConfigError("distill.teacher", teacher, "pass the teacher's training workdir: "
-                        "--config.distill.teacher=<workdir> (its newest intact checkpoint is the frozen teacher)")
-    if not pathlib.Path(teacher).expanduser().is_dir():
-      raise ConfigError("distill.teacher", teacher, "no such directory (the teacher's training workdir)")
-    _number(config, "distill.teacher_step", int, lo=-1, allowed="must be a checkpoint step >= 0, or -1 for the newest")
-    _number(config, "distill.rank", int, lo=1)
-    _number(config, "distill.alpha", float, lo=0, lo_open=True)
-    _number(config, "distill.student_steps", int, lo=1)
-    _number(config, "distill.shift", float, lo=0, lo_open=True)
-    g = _number(config, "distill.guidance", float, lo=1.0, allowed="must be a number >= 1 (1: no guidance)")
-    if g != 1.0 and not config.model.get("cross_attn", False):
-      raise ConfigError("distill.guidance", g, "must be 1 for a model without text (model.cross_attn is off: "
-                        "there is no condition for classifier-free guidance to drop)")
-    _number(config, "distill.critic_updates", int, lo=1, allowed="must be an integer >= 1 (critic updates per "
-            "generator update; DMD2: 5)")
-    for key in ("distill.lr_generator", "distill.lr_critic"):
-      _number(config, key, float, lo=0, lo_open=True)
-    _number(config, "distill.b1", float, lo=0, hi=0.999999)
-    _number(config, "distill.b2", float, lo=0, hi=0.999999)
-    _number(config, "distill.grad_clip", float, lo=0, allowed="must be >= 0 (0: no clipping)")
-    _number(config, "distill.num_steps", int, lo=1)
-    t_min = _number(config, "distill.t_min", float, lo=0, hi=1)
-    _number(config, "distill.t_max", float, lo=t_min, hi=1, lo_open=True,
-            allowed=f"must be in (distill.t_min={t_min}, 1]")
-    _number(config, "distill.timestep_shift", float, lo=0, lo_open=True)
-    if d.get("exit") not in dmd.EXITS:
-      raise ConfigError("distill.exit", d.get("exit"), f"must be one of {list(dmd.EXITS)}")
-    if not isinstance(d.get("use_ema"), bool):
-      raise ConfigError("distill.use_ema", d.get("use_ema"), "must be true or false")
+    if "distill" not in config:
+      raise ConfigError("distill", "<missing>", "the config has no distill block (start from configs/distill.py)")
+    d = DistillConfig.from_dict(config.distill)
+    if d.guidance != 1.0 and not config.model.get("cross_attn", False):
+      raise ConfigError("distill.guidance", d.guidance, "must be 1 for a model without text (model.cross_attn is "
+                        "off: there is no condition for classifier-free guidance to drop)")
   except ConfigError as e:
     raise DistillConfigError(str(e)) from None
 
@@ -269,13 +277,14 @@ def _distill_differences(resolved):
   def extra(saved, config):
     flat_saved = resume.flat(saved.get("distill", {}), "distill.")
     flat_now = resume.flat(config.distill.to_dict(), "distill.")
-    refused = [(k, flat_saved.get(k), flat_now.get(k)) for k in _STATE_KEYS if flat_saved.get(k) != flat_now.get(k)]
+    rules = settings.resume_rules(DistillConfig)
+    changed = [(k, flat_saved.get(k), flat_now.get(k)) for k in sorted(set(flat_saved) | set(flat_now))
+               if flat_saved.get(k) != flat_now.get(k)]
+    refused = [c for c in changed if rules.get(c[0]) == "refused"]
+    logged = [c for c in changed if rules.get(c[0], "logged") == "logged"]
     teacher_step = flat_saved.get("distill.teacher_step", -1)
     if flat_now["distill.teacher_step"] not in (-1, teacher_step):
       refused.append(("distill.teacher_step", teacher_step, flat_now["distill.teacher_step"]))
-    skip = set(_STATE_KEYS) | {"distill.teacher_step"}
-    logged = [(k, flat_saved.get(k), flat_now.get(k)) for k in sorted(set(flat_saved) | set(flat_now))
-              if k not in skip and flat_saved.get(k) != flat_now.get(k)]
     resolved["teacher_step"] = int(teacher_step)
     return refused, logged
 

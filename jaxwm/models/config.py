@@ -5,6 +5,9 @@ import dataclasses
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# How the model is computed, not what it computes: a resume may change these fields (logged); any other model
+# field is refused (jaxwm.training.resume).
+RUNTIME = {"resume": "logged"}
 
 
 def _checked_fields(cls, d, where):
@@ -81,8 +84,8 @@ class AttentionConfig:
   num_samples: int = 10
   window: int = 4
   selection: str = "topk"
-  impl: str = "xla"
-  interpret: bool = False
+  impl: str = dataclasses.field(default="xla", metadata=RUNTIME)
+  interpret: bool = dataclasses.field(default=False, metadata=RUNTIME)
 
   def __post_init__(self):
     from jaxwm import kernels  # pylint: disable=g-import-not-at-top
@@ -131,8 +134,8 @@ class LociConfig:
   alpha_min: float = 0.2
   init_retention: float = 0.7
   translation_divisor: float = 6.0
-  chunk_size: int = 64
-  impl: str = "xla"
+  chunk_size: int = dataclasses.field(default=64, metadata=RUNTIME)
+  impl: str = dataclasses.field(default="xla", metadata=RUNTIME)
 
   def __post_init__(self):
     if not 0 < self.alpha_min < 1 or not 0 < self.init_retention < 1:
@@ -188,10 +191,10 @@ class ModelConfig:
   cross_attn: bool = False
   cross_attn_norm: bool = True
   rope_theta: float = 10000.0
-  dtype: str = "float32"
-  remat: str = "none"
-  scan_unroll: int = 1
-  attention_impl: str = "xla"
+  dtype: str = dataclasses.field(default="float32", metadata=RUNTIME)
+  remat: str = dataclasses.field(default="none", metadata=RUNTIME)
+  scan_unroll: int = dataclasses.field(default=1, metadata=RUNTIME)
+  attention_impl: str = dataclasses.field(default="xla", metadata=RUNTIME)
   camera: CameraConfig = CameraConfig()
   attention: AttentionConfig = AttentionConfig()
   loci: LociConfig = LociConfig()

@@ -7,6 +7,7 @@ memory), and classifier-free guidance on the text.
 import jax.numpy as jnp
 import numpy as np
 
+from jaxwm.data.sources import data_of
 from jaxwm.encoders import make_autoencoder
 from jaxwm.sampling.streaming import StreamingSampler
 
@@ -33,7 +34,7 @@ def stream_video(model, variables, config, first_frame, cameras, *, key, num_fra
   Returns:
     ``(latents [num_frames, h, w, C], frames uint8 [1 + (num_frames - 1) * temporal_stride, H, W, 3])``.
   """
-  ae = autoencoder or make_autoencoder(config.data.get("vae", f"space_to_depth:{config.data.latent_stride}"))
+  ae = autoencoder or make_autoencoder(data_of(config.data).autoencoder)
   chunk = config.recipe.chunk_size
   if (num_frames - 1) % chunk or num_frames < 1 + chunk:
     raise ValueError(f"num_frames={num_frames} must be 1 + k * recipe.chunk_size={chunk} (k >= 1)")

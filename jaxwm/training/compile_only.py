@@ -221,8 +221,8 @@ def run(config, topology, what="train"):
   gen, chip, chips = parse_topology(topology)
   devices = topology_devices(topology)
   if not config.data.get("batch_size", 0):  # 0: per-device batch x the topology's chips on the batch axes
-    from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
-    config_checks.resolve_batch_size(config, chips)
+    from jaxwm.training.sharding import resolve_batch_size  # pylint: disable=g-import-not-at-top
+    resolve_batch_size(config, chips)
   head = (f"{what} step of model dim {config.model.dim} x {config.model.num_layers} layers on {topology} "
           f"({chips} chips of {gen}); mesh data={config.mesh.data} fsdp={config.mesh.fsdp}; remat={config.model.remat}")
   lines, fits = [head], True

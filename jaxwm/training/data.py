@@ -6,7 +6,7 @@ batched loaders of windows (:class:`jaxwm.data.window.ClipWindow` over frames,
 import grain.python as grain
 import numpy as np
 
-from jaxwm.data.sources import make_source
+from jaxwm.data.sources import data_of, make_source
 from jaxwm.data.window import ClipWindow
 
 
@@ -20,14 +20,15 @@ class _Arrays(grain.MapTransform):
 def window_op(data_cfg, split, source):
   """The window transform of ``source`` (records: latent windows, from the first latent frame when the VAE is
   temporally causal; otherwise pixel windows)."""
-  pal = data_cfg.get("palindrome_prob", 0.0) if split == "train" else 0.0
+  data_cfg = data_of(data_cfg)
+  pal = data_cfg.palindrome_prob if split == "train" else 0.0
   if data_cfg.source == "records":
     from jaxwm.data.records import LatentWindow  # pylint: disable=g-import-not-at-top
     causal = int(source.settings.get("temporal_stride", 1) or 1) > 1
     return LatentWindow(data_cfg.num_frames, data_cfg.frame_stride, palindrome_prob=pal,
-                        scale_divisor=data_cfg.get("scale_divisor", 1.0), from_start=causal)
+                        scale_divisor=data_cfg.scale_divisor, from_start=causal)
   return ClipWindow(data_cfg.num_frames, data_cfg.frame_stride, data_cfg.image_size, palindrome_prob=pal,
-                    scale_divisor=data_cfg.get("scale_divisor", 1.0), convention=data_cfg.get("convention", "opencv"))
+                    scale_divisor=data_cfg.scale_divisor, convention=data_cfg.convention)
 
 
 def make_loader(data_cfg, seed, batch_size_per_process, split="train", num_epochs=None, shard=True):

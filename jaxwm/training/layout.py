@@ -86,13 +86,16 @@ def diffusion_forcing_layout(num_frames, chunk_size):
                               np.ones(num_frames, bool))
 
 
+LAYOUTS = ("teacher_forcing", "diffusion_forcing")
+
+
 def make_layout(kind, num_frames, chunk_size):
-  """``teacher_forcing`` or ``diffusion_forcing``."""
+  """A layout by name (:data:`LAYOUTS`)."""
   if kind == "teacher_forcing":
     return teacher_forcing_layout(num_frames, chunk_size)
   if kind == "diffusion_forcing":
     return diffusion_forcing_layout(num_frames, chunk_size)
-  raise ValueError(f"recipe.layout must be 'teacher_forcing' or 'diffusion_forcing'; got {kind!r}")
+  raise ValueError(f"recipe.layout must be one of {LAYOUTS}; got {kind!r}")
 
 
 def teacher_forcing_layout(num_frames, chunk_size):

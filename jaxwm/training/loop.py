@@ -21,6 +21,7 @@ from jaxwm.training import sharding as sh
 from jaxwm.training.augment import routing_pool
 from jaxwm.training.layout import make_layout
 from jaxwm.training.optim import learning_rate_schedule, make_optimizer
+from jaxwm.training.recipe import recipe_of
 from jaxwm.training.resume import ResumeConfigError, resume_config_differences
 from jaxwm.training.runner import NonFiniteLossError, Task, run_steps
 from jaxwm.training.step import latent_shape, make_init_fn, make_loss_fn, make_train_step
@@ -41,11 +42,10 @@ class Trainer:
     self.model = WanModel(self.model_cfg)
     self.mesh = mesh if mesh is not None else sh.make_mesh(config.mesh.data, config.mesh.fsdp)
     if not config.data.batch_size:  # 0: data.per_device_batch_size x the devices the batch is split over
-      from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
-      config_checks.resolve_batch_size(config, self.mesh.size, jax.process_count())
+      sh.resolve_batch_size(config, self.mesh.size, jax.process_count())
     self.rules = sh.rules_from_config(config.sharding_rules)
-    self.layout = make_layout(config.recipe.get("layout", "teacher_forcing"), config.data.num_frames,
-                              config.recipe.chunk_size)
+    self.recipe = recipe_of(config.recipe)
+    self.layout = make_layout(self.recipe.layout, config.data.num_frames, self.recipe.chunk_size)
     num_steps = config.train.num_steps
     self.tx = make_optimizer(config.optim, num_steps)
     self.schedule = learning_rate_schedule(config.optim, num_steps)
@@ -53,10 +53,10 @@ class Trainer:
     if self.model_cfg.camera_conditioned and self.model_cfg.camera.vae_stride != config.data.latent_stride:
       raise ValueError(f"model.camera.vae_stride={self.model_cfg.camera.vae_stride} must equal "
                        f"data.latent_stride={config.data.latent_stride}")
-    hw = config.recipe.get("head_windows", {})
+    hw = self.recipe.head_windows
     routing = None
-    if hw.get("enabled", False):
-      routing = routing_pool(config.seed, self.model_cfg.num_heads, hw.get("pool", 12), hw.get("global_fraction", 0.25))
+    if hw.enabled:
+      routing = routing_pool(config.seed, self.model_cfg.num_heads, hw.pool, hw.global_fraction)
     init_fn = make_init_fn(self.model, self.tx, shape, config.optim.ema_decay, config.data.image_size, routing)
     with nn.logical_axis_rules(self.rules):
       abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
@@ -68,7 +68,7 @@ class Trainer:
     null_text = None
     if records and self.model_cfg.cross_attn:
       null_text = data_lib.make_source(config.data).null_text()
-    loss_fn = make_loss_fn(self.model, self.layout, config.recipe, config.data.latent_stride, null_text)
+    loss_fn = make_loss_fn(self.model, self.layout, self.recipe, config.data.latent_stride, null_text)
     step_fn = make_train_step(loss_fn, self.tx, self.schedule, config.optim.ema_decay)
     self.batch_shardings = {
         "latents" if records else "frames": sh.batch_sharding(self.mesh, self.rules, 5),

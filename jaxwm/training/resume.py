@@ -1,24 +1,34 @@
 """Restore-or-init, shared by every task: the newest intact checkpoint, its saved config compared with the run's
 (another model is refused in one line, changed settings are said), or a fresh state.
 
-Which keys may change on resume: the ``model`` block may not (but :data:`RUNTIME_MODEL_KEYS`, which change how the
-model is computed, not what), nor :data:`SHAPE_KEYS` (they shape the parameters or the train state); the
-:data:`LOGGED` prefixes may (one line each). A task adds its own keys with ``extra`` (distillation: the LoRA
-shape and the teacher step).
+Which keys may change on resume is field metadata (:func:`resume_rules`): every block field says ``refused``,
+``logged`` (said in one line) or ``free`` (:func:`jaxwm.settings.setting`); model fields are refused but those
+marked :data:`jaxwm.models.config.RUNTIME` (how the model is computed, not what). Two rules depend on values:
+``recipe.head_windows.pool`` is refused while windows are on, ``optim.ema_decay`` when EMA turns on or off. A
+task adds its own keys with ``extra`` (distillation: the LoRA shape and the teacher step).
 """
 
 import dataclasses
 
+import functools
+
 from jaxwm import checkpoint as ckpt_lib
+from jaxwm import settings
 from jaxwm.models.config import ModelConfig
 from jaxwm.training.workdir import RunRefusedError
 from jaxwm.training.writers import say
 
-RUNTIME_MODEL_KEYS = ("model.dtype", "model.remat", "model.scan_unroll", "model.attention_impl",
-                      "model.attention.impl", "model.attention.interpret", "model.loci.impl", "model.loci.chunk_size")
-SHAPE_KEYS = ("data.image_size", "data.latent_stride", "recipe.head_windows.enabled")
-LOGGED = ("optim.", "train.num_steps", "data.", "recipe.", "seed")
 ABSENT = "<absent>"
+
+
+@functools.lru_cache(maxsize=1)
+def resume_rules():
+  """``{dotted key: refused | logged | free}`` of every block field, the model's and ``seed`` (logged)."""
+  from jaxwm.blocks import BLOCKS  # pylint: disable=g-import-not-at-top
+  rules = {"seed": "logged", **settings.resume_rules(ModelConfig, "model")}
+  for block in BLOCKS.values():
+    rules.update(settings.resume_rules(block))
+  return rules
 
 
 class ResumeConfigError(RunRefusedError, ValueError):
@@ -60,27 +70,28 @@ def resume_config_differences(saved, config):
     config: the run's config (``ConfigDict`` or dict).
 
   Returns:
-    ``(refused, logged)``: lists of ``(key, checkpoint value, config value)``. ``refused``: the
-    ``model`` block (but :data:`RUNTIME_MODEL_KEYS`), :data:`SHAPE_KEYS`, the head-routing pool and
-    EMA on/off (they shape the train state); ``logged``: the other keys under :data:`LOGGED` and the
-    runtime model keys.
+    ``(refused, logged)``: lists of ``(key, checkpoint value, config value)`` by :func:`resume_rules` (a model
+    key it does not know is refused, any other unknown key ignored), the head-routing pool while windows are
+    on and EMA on/off refused (they shape the train state).
   """
   cur = config.to_dict() if hasattr(config, "to_dict") else dict(config)
   a = {**flat({k: v for k, v in saved.items() if k != "model"}), **_model_flat(saved.get("model", {}))}
   b = {**flat({k: v for k, v in cur.items() if k != "model"}), **_model_flat(cur.get("model", {}))}
+  rules = resume_rules()
   refused, logged = [], []
   for key in sorted(set(a) | set(b)):
     va, vb = a.get(key, ABSENT), b.get(key, ABSENT)
     if va == vb:
       continue
-    if (key.startswith("model.") and key not in RUNTIME_MODEL_KEYS) or key in SHAPE_KEYS:
-      refused.append((key, va, vb))
-    elif key == "recipe.head_windows.pool" and (a.get("recipe.head_windows.enabled") or b.get(
+    rule = rules.get(key, "refused" if key.startswith("model.") else "free")
+    if key == "recipe.head_windows.pool" and (a.get("recipe.head_windows.enabled") or b.get(
         "recipe.head_windows.enabled")):
-      refused.append((key, va, vb))
+      rule = "refused"
     elif key == "optim.ema_decay" and va != ABSENT and vb != ABSENT and (va > 0) != (vb > 0):
-      refused.append((key, va, vb))  # EMA on/off: the train state has (no) ema
-    elif key in RUNTIME_MODEL_KEYS or key.startswith(LOGGED):
+      rule = "refused"  # EMA on/off: the train state has (no) ema
+    if rule == "refused":
+      refused.append((key, va, vb))
+    elif rule == "logged":
       logged.append((key, va, vb))
   return refused, logged
 

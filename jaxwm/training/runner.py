@@ -9,13 +9,50 @@ Cadences (``config.train``): a log line every ``log_every`` steps and at the las
 to log lines only), a checkpoint every ``ckpt_every`` steps and at the last, then :meth:`Hook.after_save`.
 """
 
+import dataclasses
 import math
 import time
 
 import jax
 from tqdm import tqdm
 
+from jaxwm import tasks
+from jaxwm.settings import Block, Bool, Choice, Int, Str, setting
 from jaxwm.training.writers import MetricWriters
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Block):
+  """The ``train`` block: the loop's lengths and cadences (a resume may change any; ``num_steps`` is logged).
+
+  Attributes:
+    num_steps: steps of the run (the cosine schedule spans them).
+    log_every: a log line (metrics.jsonl, TensorBoard, progress bar) every k steps and at the last.
+    ckpt_every: a checkpoint every k steps and at the last.
+    keep: checkpoints kept.
+    async_checkpoint: write checkpoints in the background.
+    sample_every: a sample GIF of eval clip 0 every k steps and at the last (0: none).
+    workdir: where the run writes (``--workdir`` overrides it).
+    distributed: join a multi-process run (``jax.distributed``).
+    init_from: an earlier stage's workdir, or the released Wan transformer's ``.safetensors`` (fine-tuning).
+    gain_every: the memory gain and the co-visible proxy every k steps and at the last, on log lines (0: off).
+    task: what ``train.py`` runs (:data:`jaxwm.tasks.TASKS`: ``diffusion`` | ``distill``).
+  """
+  PREFIX = "train"
+  num_steps: int = setting(900, Int(lo=1))
+  log_every: int = setting(10, Int(lo=1), resume="free")
+  ckpt_every: int = setting(300, Int(lo=1), resume="free")
+  keep: int = setting(3, Int(lo=1, allowed="must be an integer >= 1 (checkpoints kept; 0 would keep none)"),
+                      resume="free")
+  async_checkpoint: bool = setting(True, Bool(), resume="free")
+  sample_every: int = setting(900, Int(lo=0, allowed="must be an integer >= 0 (0: no periodic samples)"),
+                              resume="free")
+  workdir: str = setting("runs/tiny", Str(nonempty=True), resume="free")
+  distributed: bool = setting(False, Bool(), resume="free")
+  init_from: str = setting("", Str(), resume="free")
+  gain_every: int = setting(300, Int(lo=0, allowed="must be an integer >= 0 (0: no memory-gain probe)"),
+                            resume="free", absent=0)
+  task: str = setting(tasks.DEFAULT, Choice(lambda: tuple(tasks.TASKS)), resume="free")
 
 
 class NonFiniteLossError(FloatingPointError):

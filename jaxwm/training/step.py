@@ -15,6 +15,7 @@ from jaxwm.models import vae
 from jaxwm.models.init import init_params
 from jaxwm.models.conditioning import Cameras
 from jaxwm.training import augment
+from jaxwm.training.recipe import recipe_of
 from jaxwm.training.optim import ema_update
 
 
@@ -66,24 +67,23 @@ def make_loss_fn(model, layout, recipe, latent_stride, null_text=None):
   noisy_chunk = jnp.asarray(layout.chunk[n_clean:] - 1)
   n_chunks = int(layout.chunk.max())
   mask = jnp.asarray(layout.mask)[None]
-  drop = recipe.get("chunk_drop", {})
-  windows = recipe.get("head_windows", {})
+  recipe = recipe_of(recipe)
+  drop, windows = recipe.chunk_drop, recipe.head_windows
 
   def step_mask(key, step, routing):
     """The layout mask with this step's chunk drop and per-head windows (ReWorld §2.2-2.3); None (the layout's
     static mask) without either."""
-    if not (drop.get("enabled", False) or windows.get("enabled", False)):
+    if not (drop.enabled or windows.enabled):
       return None
     m = mask[0]
-    if drop.get("enabled", False):
-      m = augment.chunk_drop_mask(jax.random.fold_in(key, 2), m, layout.chunk, drop.get("keep", 5),
-                                  layout.chunk[layout.writer])
-    if windows.get("enabled", False):
+    if drop.enabled:
+      m = augment.chunk_drop_mask(jax.random.fold_in(key, 2), m, layout.chunk, drop.keep, layout.chunk[layout.writer])
+    if windows.enabled:
       heads = routing[step % routing.shape[0]]
-      m = augment.head_window_mask(m, layout.frame_pos, layout.frame_pos, heads, windows.get("window", 12))
+      m = augment.head_window_mask(m, layout.frame_pos, layout.frame_pos, heads, windows.window)
     return m[None]
 
-  text_dropout = recipe.get("text_dropout", 0.0)
+  text_dropout = recipe.text_dropout
   if model.cfg.cross_attn and text_dropout > 0 and null_text is None:
     raise ValueError(f"recipe.text_dropout={text_dropout} needs the empty prompt's embedding (null_text.npy of an "
                      "ingested dataset)")
