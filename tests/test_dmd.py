@@ -13,6 +13,7 @@ from conftest import apply_overrides, random_intrinsics, random_poses, tiny_conf
 
 from jaxwm import checkpoint as ckpt_lib
 from jaxwm import lora
+from jaxwm.lora import adapters
 from jaxwm.diffusion import flow
 from jaxwm.distill import dmd
 from jaxwm.models.conditioning import Cameras
@@ -207,13 +208,13 @@ def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path):
   assert [x["step"] for x in m] == [1, 2, 3, 4] and [x["generator_updates"] for x in m] == [1, 0, 1, 0]
   assert m[2]["gen_grad_norm"] > 0 and "dmd_loss" not in m[1]
   # The adapter of every checkpoint, with the few-step settings; it is G.
-  meta = lora.adapter_metadata(tmp_path / "a" / "adapter")
+  meta = adapters.adapter_metadata(tmp_path / "a" / "adapter")
   assert meta["extra"]["num_steps"] == 2 and meta["extra"]["teacher_step"] == 3
   np.testing.assert_allclose(meta["extra"]["timesteps"], flow.sampling_schedule(2, c4.distill.shift), rtol=1e-6)
   assert sorted(ckpt_lib.step_dirs(tmp_path / "a" / "adapter")) == [2, 4]
   from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
   base = load_model(teacher)[2]["params"]
-  adapter, spec = lora.load_adapter(tmp_path / "a" / "adapter", base)
+  adapter, spec = adapters.load_adapter(tmp_path / "a" / "adapter", base)
   assert spec == SPEC
   jax.tree_util.tree_map(np.testing.assert_array_equal, adapter, jax.tree_util.tree_map(np.asarray,
                                                                                         straight.generator))

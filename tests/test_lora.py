@@ -12,6 +12,7 @@ import pytest
 from conftest import random_intrinsics, random_poses, tiny_config
 
 from jaxwm import lora
+from jaxwm.lora import adapters
 from jaxwm.models.conditioning import Cameras
 from jaxwm.models.config import ModelConfig
 from jaxwm.models.init import init_frames, init_params
@@ -174,27 +175,27 @@ def test_merged_equals_unmerged_forward(setup):
 
 def test_adapter_checkpoint_is_small_and_restores_onto_a_fresh_base(setup, tmp_path):
   params, fwd, adapter = setup["params"], setup["fwd"], _random_b(setup["adapter"])
-  step_dir = lora.save_adapter(tmp_path / "adapter", adapter, SPEC, params, step=7, extra={"num_steps": 4})
+  step_dir = adapters.save_adapter(tmp_path / "adapter", adapter, SPEC, params, step=7, extra={"num_steps": 4})
   on_disk = sum(f.stat().st_size for f in step_dir.rglob("*") if f.is_file())
   base_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
   assert on_disk < base_bytes / 4, (on_disk, base_bytes)  # about 1/7 here: factors 1/23, plus Orbax metadata
-  meta = lora.adapter_metadata(tmp_path / "adapter")
+  meta = adapters.adapter_metadata(tmp_path / "adapter")
   assert meta["spec"] == SPEC.to_dict() and meta["param_count"] == lora.lora_param_count(adapter)
   assert meta["extra"] == {"num_steps": 4}
   fresh = jax.tree_util.tree_map(lambda x: jnp.array(np.asarray(x)), params)
   notes = []
-  loaded, spec = lora.load_adapter(tmp_path / "adapter", fresh, say=notes.append)
+  loaded, spec = adapters.load_adapter(tmp_path / "adapter", fresh, say=notes.append)
   assert spec == SPEC and not notes
   np.testing.assert_array_equal(np.asarray(fwd(lora.merge(fresh, loaded, spec))),
                                 np.asarray(fwd(lora.merge(params, adapter, SPEC))))
   # Another base of the same shapes (other weights) takes it too; so does the step directory itself.
   other = nn.unbox(init_params(setup["model"], jax.random.key(5), SHAPE, 16))
-  loaded2, _ = lora.load_adapter(step_dir, other)
+  loaded2, _ = adapters.load_adapter(step_dir, other)
   jax.tree_util.tree_map(np.testing.assert_array_equal, loaded2, loaded)
 
 
 def test_a_mismatched_base_is_refused_in_one_line(setup, tmp_path):
-  lora.save_adapter(tmp_path / "adapter", setup["adapter"], SPEC, setup["params"])
+  adapters.save_adapter(tmp_path / "adapter", setup["adapter"], SPEC, setup["params"])
   wider = _model_config()
   wider.model.update(dim=96, num_heads=2)
   without_loci = tiny_config(**{"model.camera.encoding": "mrope", "model.camera.plucker": True}).model
@@ -202,12 +203,12 @@ def test_a_mismatched_base_is_refused_in_one_line(setup, tmp_path):
                             (without_loci, r"target blocks_0_1/\S+ is not a parameter of the base model")):
     base = _abstract(model_dict)
     with pytest.raises(lora.AdapterMismatchError, match=match) as e:
-      lora.load_adapter(tmp_path / "adapter", base)
+      adapters.load_adapter(tmp_path / "adapter", base)
     assert "\n" not in str(e.value)
     with pytest.raises(lora.AdapterMismatchError):
       lora.apply_lora(base, setup["adapter"], SPEC)
   with pytest.raises(FileNotFoundError, match="no LoRA adapter"):
-    lora.load_adapter(tmp_path / "missing", setup["params"])
+    adapters.load_adapter(tmp_path / "missing", setup["params"])
 
 
 def test_factors_and_their_optimizer_state_are_sharded_like_their_kernels(setup, tmp_path):
@@ -235,8 +236,8 @@ def test_factors_and_their_optimizer_state_are_sharded_like_their_kernels(setup,
   sharded_base = jax.device_put(params, base_sh)
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6),  # sharded matmul order
                          lora.merge(sharded_base, placed, SPEC), lora.merge(params, adapter, SPEC))
-  lora.save_adapter(tmp_path / "adapter", placed, SPEC, params)
-  loaded, _ = lora.load_adapter(tmp_path / "adapter", sharded_base)
+  adapters.save_adapter(tmp_path / "adapter", placed, SPEC, params)
+  loaded, _ = adapters.load_adapter(tmp_path / "adapter", sharded_base)
   jax.tree_util.tree_map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(str(x.sharding)),
                          loaded, sh["adapter"])
   jax.tree_util.tree_map(np.testing.assert_array_equal, loaded, adapter)

@@ -114,7 +114,7 @@ class DistillSettings:
       return np.asarray(flow.sampling_schedule(self.student_steps, self.shift), np.float32)
 
   def adapter_extra(self):
-    """What a distilled adapter records about how to sample it (``jaxwm.lora.save_adapter(extra=...)``)."""
+    """What a distilled adapter records about how to sample it (``jaxwm.lora.adapters.save_adapter(extra=...)``)."""
     return {"num_steps": int(self.student_steps), "timesteps": [float(x) for x in self.schedule],
             "shift": float(self.shift), "guidance": 1.0, "distilled_guidance": float(self.guidance)}
 

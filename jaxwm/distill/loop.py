@@ -12,7 +12,7 @@ The teacher is restored params-only (:func:`jaxwm.sampling.load.restore_params`,
 ``distill.teacher``; the step restored is recorded in the run's saved config (``distill.teacher_step``) and
 a resume restores that same step. A teacher whose model differs from the config's is refused in one line.
 At every checkpoint the student adapter is also saved on its own, ``<workdir>/adapter/<step>``
-(:func:`jaxwm.lora.save_adapter`, with the few-step sampling settings in ``extra``), for
+(:func:`jaxwm.lora.adapters.save_adapter`, with the few-step sampling settings in ``extra``), for
 ``sample.py --adapter <workdir>/adapter``.
 
 Inputs are only first frames and camera trajectories (and text embeddings for text models) of the training
@@ -42,6 +42,7 @@ import flax.linen as nn
 
 from jaxwm import checkpoint as ckpt_lib
 from jaxwm import lora
+from jaxwm.lora import adapters
 from jaxwm import settings
 from jaxwm.distill import dmd
 from jaxwm.settings import Block, Bool, Choice, ConfigError, Float, Int, setting
@@ -376,7 +377,7 @@ class DistillTask(Task):
 
   def on_save(self, ckpt, done, state, data_iter):
     ckpt.save(done, state, data_iter, self.saved_config)
-    lora.save_adapter(self.workdir / ADAPTER_DIR, state.generator, self.dist.spec, self.base, step=done,
+    adapters.save_adapter(self.workdir / ADAPTER_DIR, state.generator, self.dist.spec, self.base, step=done,
                       keep=self.config.train.keep, extra=self.extra)
 
 

@@ -7,11 +7,12 @@ become the defaults of ``config.sample``, so the unchanged streaming sampler run
 import pathlib
 
 from jaxwm import lora
+from jaxwm.lora import adapters
 
 
 def adapter_path(path):
   """A distillation workdir (with ``adapter/``), an adapter directory, or one step's directory -> the path
-  :func:`jaxwm.lora.load_adapter` reads."""
+  :func:`jaxwm.lora.adapters.load_adapter` reads."""
   p = pathlib.Path(path).expanduser()
   return p / "adapter" if (p / "adapter").is_dir() else p
 
@@ -43,8 +44,8 @@ def apply_adapter(config, variables, path):
   """
   path = adapter_path(path)
   params = variables["params"]
-  adapter, spec = lora.load_adapter(path, params)
-  meta = lora.adapter_metadata(path)
+  adapter, spec = adapters.load_adapter(path, params)
+  meta = adapters.adapter_metadata(path)
   extra = meta.get("extra") or {}
   if "num_steps" in extra:
     config.sample.num_steps = int(extra["num_steps"])

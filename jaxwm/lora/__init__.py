@@ -24,17 +24,14 @@ Two ways to run an adapted model:
 
 Training keeps ``{"base": params, "lora": adapter}``; :func:`lora_optimizer` updates the ``lora``
 factors only, and the loss applies the adapter to ``stop_gradient(base)`` (no weight gradients of the
-base are computed). Adapters are saved as their own small checkpoint (:func:`save_adapter`) with the
-spec and a fingerprint of the base's parameter shapes, and :func:`load_adapter` checks them against
-the base they are applied to.
+base are computed). Adapters are saved as their own small checkpoint with the spec and a fingerprint of
+the base's parameter shapes, and checked against the base they are applied to when loaded
+(:mod:`jaxwm.lora.adapters`: the I/O, apart from these maths).
 """
 
 import contextlib
 import dataclasses
-import hashlib
-import pathlib
 import re
-import sys
 from collections.abc import Mapping
 
 import flax.linen as nn
@@ -42,8 +39,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
-
-from jaxwm import checkpoint as ckpt_lib
 
 _STACK = r"^blocks(_\d+_\d+)?/"
 DEFAULT_INCLUDE = (
@@ -60,7 +55,6 @@ DEFAULT_EXCLUDE = (
 )
 FACTORS = ("a", "b")
 ADAPTER_FIELD = "lora"  # the state field of an adapter checkpoint and the trained subtree of a LoRA state
-FORMAT_VERSION = 1
 
 
 class AdapterMismatchError(ValueError):
@@ -124,7 +118,7 @@ def flat_paths(tree, prefix=()):
   return out
 
 
-def _nest(flat):
+def nest(flat):
   """Inverse of :func:`flat_paths` (plain dicts)."""
   out = {}
   for path, v in flat.items():
@@ -183,7 +177,7 @@ def init_lora(key, params, spec):
     *lead, n_in, n_out = w.shape
     a = jax.random.normal(jax.random.fold_in(key, i), (*lead, n_in, spec.rank), w.dtype) * n_in**-0.5
     out[path] = {"a": a, "b": jnp.zeros((*lead, spec.rank, n_out), w.dtype)}
-  return _nest(out)
+  return nest(out)
 
 
 def _delta(a, b, scale):
@@ -203,7 +197,7 @@ def _replace(tree, updates, prefix=()):
   return out
 
 
-def _check_fits(flat_params, pairs, rank, where):
+def check_fits(flat_params, pairs, rank, where):
   """Raises a one-line :class:`AdapterMismatchError` unless every ``{path: (a, b)}`` (anything with ``.shape``)
   fits a kernel of ``flat_params`` (``a [..., in, rank]``, ``b [..., rank, out]`` of ``W [..., in, out]``)."""
   for path, (a, b) in sorted(pairs.items()):
@@ -233,7 +227,7 @@ def apply_lora(params, adapter, spec, enabled=True):
   if not enabled:
     return params
   pairs = factors(adapter)
-  _check_fits(flat_paths(params), pairs, spec.rank, "apply_lora")
+  check_fits(flat_paths(params), pairs, spec.rank, "apply_lora")
   scale = spec.scale
   updates = {path: (lambda w, a=a, b=b: (w.astype(jnp.float32) + _delta(a, b, scale)).astype(w.dtype))
              for path, (a, b) in pairs.items()}
@@ -256,14 +250,14 @@ def unmerged_params(params, adapter):
   for a forward under :func:`unmerged`. Targets must be ``nn.Dense`` kernels (paths ending in ``/kernel``)."""
   pairs, flat = factors(adapter), flat_paths(params)
   for path, (a, b) in pairs.items():
-    _check_fits(flat, {path: (a, b)}, a.shape[-1], "unmerged_params")
+    check_fits(flat, {path: (a, b)}, a.shape[-1], "unmerged_params")
   extra = {}
   for path, (a, b) in pairs.items():
     module, _, leaf = path.rpartition("/")
     if leaf != "kernel":
       raise ValueError(f"unmerged LoRA adapts nn.Dense kernels only; target {path} is not a '.../kernel'")
     extra[f"{module}/lora_a"], extra[f"{module}/lora_b"] = a, b
-  return _nest({**flat, **extra})
+  return nest({**flat, **extra})
 
 
 @contextlib.contextmanager
@@ -314,50 +308,6 @@ def lora_optimizer(tx):
   return optax.multi_transform({"lora": tx, "frozen": optax.set_to_zero()}, labels)
 
 
-def param_fingerprint(params):
-  """sha256 of the sorted ``path shape dtype`` lines of ``params`` (arrays or shape structs)."""
-  lines = [f"{p} {tuple(x.shape)} {jnp.dtype(x.dtype).name}" for p, x in sorted(flat_paths(params).items())]
-  return hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
-def _say(msg):
-  if jax.process_index() == 0:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _resolve(path):
-  """``(checkpoints directory, step or None)``: ``path`` is an adapter directory or one step's directory."""
-  p = pathlib.Path(path)
-  if p.name.isdigit() and (p / "state").is_dir():
-    return p.parent, int(p.name)
-  return p, None
-
-
-def save_adapter(directory, adapter, spec, base_params, step=0, keep=None, extra=None):
-  """Saves ``adapter`` as its own checkpoint ``<directory>/<step>/`` (:class:`jaxwm.checkpoint.Checkpointer`:
-  written to a temporary directory renamed on completion, with checksums; synchronous).
-
-  The step's ``state`` holds ``{"lora": adapter}``; its JSON ``config`` item holds the spec, the targets
-  with their base shapes, ``lora_param_count``, :func:`param_fingerprint` of ``base_params`` and ``extra``
-  (JSON-serialisable, e.g. the few-step sampling settings of a distilled adapter).
-
-  Returns:
-    The step directory.
-  """
-  pairs = factors(adapter)
-  flat = flat_paths(base_params)
-  _check_fits(flat, pairs, spec.rank, "save_adapter")
-  meta = {"format": "jaxwm.lora", "version": FORMAT_VERSION, "spec": spec.to_dict(),
-          "targets": {p: list(flat[p].shape) for p in sorted(pairs)}, "param_count": lora_param_count(adapter),
-          "base_fingerprint": param_fingerprint(base_params), "extra": dict(extra or {})}
-  ckpt = ckpt_lib.Checkpointer(directory, keep=keep, async_save=False)
-  try:
-    ckpt.save(step, {ADAPTER_FIELD: adapter}, config=meta)
-  finally:
-    ckpt.close()
-  return ckpt.directory / str(int(step))
-
-
 def factor_specs(kernel_spec, ndim):
   """``(spec of a, spec of b)`` for factors of a kernel ``W [..., in, out]`` sharded as ``kernel_spec``: ``a
   [..., in, r]`` keeps ``W``'s leading and ``in`` axes' sharding, ``b [..., r, out]`` its leading and ``out``
@@ -393,72 +343,3 @@ def factor_shardings(tree, base_shardings, default):
     return default
 
   return jax.tree_util.tree_map_with_path(pick, tree)
-
-
-def _default_shardings(leaf):
-  """``(a, b)`` shardings for the factors of a base leaf: :func:`factor_specs` of its ``NamedSharding``, else
-  the first device."""
-  sh = getattr(leaf, "sharding", None)
-  if isinstance(sh, NamedSharding):
-    return tuple(NamedSharding(sh.mesh, s) for s in factor_specs(sh.spec, len(leaf.shape)))
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return one, one
-
-
-def load_adapter(path, base_params, step=None, sharding=None, say=_say):
-  """Restores an adapter saved by :func:`save_adapter` for ``base_params`` (arrays or shape structs).
-
-  Args:
-    path: the adapter directory (its newest intact step) or one step's directory.
-    base_params: the base the adapter will be applied to: every target must be a parameter of it with
-      the shape the factors fit; other parameters may differ (a note is printed when the base's
-      fingerprint is not the one saved).
-    step: the step (default: ``path``'s, or the newest intact one).
-    sharding: a ``jax.sharding.Sharding`` for every factor (default: each factor sharded like its base
-      kernel, :func:`factor_specs`, or the first device when the base is not on a mesh).
-    say: where the fingerprint note goes.
-
-  Returns:
-    ``(adapter, spec)``. Raises :class:`AdapterMismatchError` (one line) when the adapter does not fit
-    ``base_params``, ``FileNotFoundError`` when there is no adapter at ``path``.
-  """
-  directory, found = _resolve(path)
-  if not directory.is_dir():
-    raise FileNotFoundError(f"no LoRA adapter at {path}")
-  step = found if step is None else step
-  flat = flat_paths(base_params)
-  ckpt = ckpt_lib.Checkpointer(directory, keep=None, async_save=False)
-
-  def attempt(s):
-    where = f"adapter {directory / str(s)}"
-    meta = ckpt.restore_config(s)
-    if not isinstance(meta, Mapping) or meta.get("format") != "jaxwm.lora":
-      raise AdapterMismatchError(f"{where} is not a LoRA adapter checkpoint (no 'jaxwm.lora' config)")
-    spec = LoraSpec.from_dict(meta["spec"])
-    saved = factors(ckpt.state_metadata(s)[ADAPTER_FIELD])
-    _check_fits(flat, saved, spec.rank, where)
-    if meta.get("base_fingerprint") != param_fingerprint(base_params):
-      say(f"note: {where} was saved for a base with other parameter shapes; its {len(saved)} targets fit this one")
-    target = {}
-    for p, (a, b) in saved.items():
-      sh_a, sh_b = (sharding, sharding) if sharding is not None else _default_shardings(flat[p])
-      target[p] = {"a": jax.ShapeDtypeStruct(tuple(a.shape), a.dtype, sharding=sh_a),
-                   "b": jax.ShapeDtypeStruct(tuple(b.shape), b.dtype, sharding=sh_b)}
-    return ckpt.restore_fields({ADAPTER_FIELD: _nest(target)}, s)[ADAPTER_FIELD], spec
-
-  try:
-    return ckpt.restore_with(attempt, step, user_errors=(AdapterMismatchError,))[0]
-  finally:
-    ckpt.close()
-
-
-def adapter_metadata(path, step=None):
-  """The JSON saved with an adapter (``spec``, ``targets``, ``param_count``, ``base_fingerprint``, ``extra``)."""
-  directory, found = _resolve(path)
-  if not directory.is_dir():
-    raise FileNotFoundError(f"no LoRA adapter at {path}")
-  ckpt = ckpt_lib.Checkpointer(directory, keep=None, async_save=False)
-  try:
-    return ckpt.restore_with(ckpt.restore_config, found if step is None else step)[0]
-  finally:
-    ckpt.close()
