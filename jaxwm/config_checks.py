@@ -14,6 +14,7 @@ string; :func:`parse_list_strings` reads such strings (for :data:`LIST_KEYS`) wi
 """
 
 import ast
+import contextlib
 import os
 import pathlib
 
@@ -24,7 +25,24 @@ from jaxwm.training.sharding import MESH_AXES, resolve_batch_size
 from jaxwm.utils.cli import MAX_SEED
 
 LIST_KEYS = ("model.camera.channels", "model.camera.depth_range", "model.patch_size", "model.loci.blocks")
-TOP_LEVEL = ("seed", "model", "sharding_rules", "distill", *BLOCKS)
+
+
+def top_level_keys():
+  """The keys a config may have at the top: ``seed``, ``model``, ``sharding_rules``, :data:`BLOCKS` and the blocks
+  tasks add (:data:`jaxwm.tasks.TASKS`)."""
+  from jaxwm import tasks  # pylint: disable=g-import-not-at-top
+  return ("seed", "model", "sharding_rules", *BLOCKS, *(t.block for t in tasks.TASKS.values() if t.block))
+
+
+def _fill(node, values, prefix, notes):
+  """Writes the keys of ``values`` (a parsed block's dict) that ``node`` lacks into it, one note each."""
+  for k, v in values.items():
+    if k not in node:
+      with node.unlocked() if hasattr(node, "unlocked") else contextlib.nullcontext():
+        node[k] = v
+      notes.append(f"{prefix}.{k} not set: {show(v)} (the default)")
+    elif isinstance(v, dict):
+      _fill(node[k], v, f"{prefix}.{k}", notes)
 
 
 def _get(config, key):
@@ -91,16 +109,21 @@ def _tuples(x):
 # Value checks. Each takes the dotted key and raises ConfigError.
 
 
-def check_blocks(config):
-  """Unknown top-level keys refused (with suggestions); every block of :data:`BLOCKS` parsed, its fields checked.
-  Returns ``{prefix: block}``."""
+def check_blocks(config, notes=None):
+  """Unknown top-level keys refused (with suggestions); every block of :data:`BLOCKS` parsed, its fields checked,
+  and the keys it lacks written into ``config`` with their defaults (one note each in ``notes``), so that what is
+  checked is what runs. Returns ``{prefix: block}``."""
   import difflib  # pylint: disable=g-import-not-at-top
+  top = top_level_keys()
   for k in config.keys():
-    if k not in TOP_LEVEL:
-      close = difflib.get_close_matches(k, TOP_LEVEL, n=2, cutoff=0.6)
+    if k not in top:
+      close = difflib.get_close_matches(k, top, n=2, cutoff=0.6)
       raise ConfigError(k, config[k], ("did you mean " + " or ".join(map(repr, close)) + "? " if close else "") +
-                        f"top-level keys: {', '.join(TOP_LEVEL)}")
-  return {prefix: cls.from_dict(_get(config, prefix)) for prefix, cls in BLOCKS.items()}
+                        f"top-level keys: {', '.join(top)}")
+  blocks = {prefix: cls.from_dict(_get(config, prefix)) for prefix, cls in BLOCKS.items()}
+  for prefix, block in blocks.items():
+    _fill(config[prefix], block.to_dict(), prefix, [] if notes is None else notes)
+  return blocks
 
 
 def check_train(config):
@@ -265,7 +288,7 @@ def validate(config, *, num_devices=None, num_processes=1, workdir=None):
     ValueError: from the model's own checks (they name the key).
   """
   notes = [f"{k} parsed from the string to {show(_get(config, k))}" for k in parse_list_strings(config)]
-  blocks = check_blocks(config)
+  blocks = check_blocks(config, notes)
   Int(0, MAX_SEED, f"must be an integer in [0, {MAX_SEED}] (larger seeds repeat smaller ones' random keys)")(
       "seed", _get(config, "seed"))
   check_train(config)

@@ -143,8 +143,9 @@ class Block:
   @classmethod
   def from_dict(cls, d, prefix=None, *, legacy=False):
     """The block of ``d`` (a dict or ``ConfigDict``): unknown keys refused with suggestions, every field checked
-    (its :func:`setting` check, then :meth:`check`), missing fields filled with their defaults (``legacy``: with
-    what their absence meant in configs saved before they existed)."""
+    (its :func:`setting` check, then :meth:`check`), missing fields filled with their defaults (checked too: a
+    required field, whose default fails its check, is refused) or, with ``legacy``, with what their absence meant
+    in configs saved before they existed (not checked)."""
     prefix = cls.PREFIX if prefix is None else prefix
     d = dict(d.items()) if hasattr(d, "items") else {}
     names = [f.name for f in dataclasses.fields(cls)]
@@ -160,6 +161,8 @@ class Block:
           values[f.name] = f.metadata["absent"]
         elif dataclasses.is_dataclass(default):
           values[f.name] = type(default).from_dict({}, key, legacy=legacy)
+        elif f.metadata.get("check") is not None and not legacy:
+          values[f.name] = f.metadata["check"](key, default)  # a required field's default fails its check
         else:
           values[f.name] = default
         continue

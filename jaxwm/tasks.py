@@ -15,13 +15,16 @@ import importlib
 
 @dataclasses.dataclass(frozen=True)
 class TaskEntry:
+  """``run_module``: the module with ``run``; ``hooks_module``: the module with ``training_hooks`` (or none);
+  ``block``: the top-level config block the task adds (or none)."""
   run_module: str
   hooks_module: str = ""
+  block: str = ""
 
 
 TASKS = {
     "diffusion": TaskEntry("jaxwm.training.loop", "jaxwm.evaluation.hooks"),
-    "distill": TaskEntry("jaxwm.distill.loop"),
+    "distill": TaskEntry("jaxwm.distill.loop", block="distill"),
 }
 DEFAULT = "diffusion"
 

@@ -136,3 +136,28 @@ def test_choices_come_from_the_registries(monkeypatch):
     TrainConfig.from_dict({"task": "count"})
   monkeypatch.setitem(tasks.TASKS, "count", tasks.TaskEntry("counting_task"))
   assert TrainConfig.from_dict({"task": "count"}).task == "count"
+
+
+def test_what_is_checked_is_what_runs():
+  """A block key the config lacks is written in with its default (and said), so the checks and the run read the
+  same value; a required key (the distillation teacher) is refused when absent, not filled."""
+  c = CONFIGS["tiny"]()
+  del c.data["per_device_batch_size"]
+  del c.train["task"]
+  notes = config_checks.validate(c, num_devices=1)
+  assert c.data.per_device_batch_size == 4 and c.train.task == "diffusion" and c.data.batch_size == 4
+  assert "data.per_device_batch_size not set: 4 (the default)" in notes
+  with pytest.raises(ConfigError, match="distill.teacher='': pass the teacher's training workdir"):
+    DistillConfig.from_dict({"rank": 4})
+
+
+def test_a_resume_compares_what_saved_keys_meant():
+  """A checkpoint saved before ``recipe.layout`` existed trained with teacher forcing: resuming it with the default
+  says so, and a resume that keeps it says nothing."""
+  c = CONFIGS["tiny"]()
+  saved = c.to_dict()
+  del saved["recipe"]["layout"]
+  assert resume.resume_config_differences(saved, c) == ([], [("recipe.layout", "teacher_forcing",
+                                                               "diffusion_forcing")])
+  c.recipe.layout = "teacher_forcing"
+  assert resume.resume_config_differences(saved, c) == ([], [])

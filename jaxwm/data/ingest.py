@@ -36,6 +36,8 @@ import numpy as np
 from jaxwm.data import records
 from jaxwm.data.video import VIDEO_SUFFIXES, adjust_intrinsics, read_video, resample_indices
 from jaxwm.encoders import caption_encoder, latent_encoder, space_to_depth_encoder
+from jaxwm.encoders import CaptionEncoder as TextEncoder  # noqa: F401  (the name plug-ins used before jaxwm.encoders)
+from jaxwm.encoders import LatentEncoder  # noqa: F401  (the name plug-ins used before jaxwm.encoders)
 from jaxwm.geometry import camera_files
 from jaxwm.geometry.rotations import downsample_poses
 from jaxwm.utils.cli import Parser, Refusal, write_json

@@ -95,7 +95,7 @@ class DistillConfig(Block):
     num_steps: iterations (every one updates the critic).
   """
   PREFIX = "distill"
-  teacher: str = setting("", _teacher, resume="free")
+  teacher: str = setting("", _teacher)
   teacher_step: int = setting(-1, Int(lo=-1, allowed="must be a checkpoint step >= 0, or -1 for the newest"),
                               resume="free")
   use_ema: bool = setting(True, Bool())
@@ -113,7 +113,7 @@ class DistillConfig(Block):
   b2: float = setting(0.999, Float(ge=0, le=0.999999))
   grad_clip: float = setting(10.0, Float(ge=0, allowed="must be >= 0 (0: no clipping)"))
   t_min: float = setting(0.02, Float(ge=0, le=1))
-  t_max: float = setting(0.98, Float(gt=0, le=1))
+  t_max: float = setting(0.98, Float(gt=0, le=1, allowed="must be in (distill.t_min, 1]"))
   timestep_shift: float = setting(1.0, Float(gt=0))
   num_steps: int = setting(600, Int(lo=1))
 
@@ -334,7 +334,8 @@ class DistillTask(Task):
       return dist.init_state(self.base)
 
     def check(step):
-      resume.check_resume_config(ckpt, step, config, extra=_distill_differences(resolved), require_saved=True,
+      resume.check_resume_config(ckpt, step, config, extra=_distill_differences(resolved),
+                                 require_saved="cannot tell which teacher step it distils",
                                  advice="distill in a new --workdir", what="other settings")
 
     state, start = resume.restore_or_init(ckpt, dist.restore_target(), data_iter, check=check, init=init)
@@ -348,7 +349,7 @@ class DistillTask(Task):
 
   def step(self, state, host_batch, step):
     state, metrics, _ = self.dist.iteration(state, self.base, self.dist.put_batch(host_batch), self._key, step)
-    return state, {k: float(v) for k, v in metrics.items()}
+    return state, metrics
 
   def loss(self, metrics):
     return metrics["critic_loss"]

@@ -248,7 +248,7 @@ def _check_args(a, policies, selection_modes):
   memories = _list(a.memory, flag="--memory")
   bad = [m for m in memories if m not in policies]
   if bad:
-    raise Refusal(f"--memory={bad[0]!r}: not one of {policies}")
+    raise Refusal(f"--memory={bad[0]!r}: not one of {tuple(policies)}")
   try:
     memory_kwargs = json.loads(a.memory_kwargs)
   except json.JSONDecodeError as e:

@@ -216,7 +216,7 @@ def apply_lora(params, adapter, spec, enabled=True):
 
   Args:
     params: the base parameters (unboxed nested dicts).
-    adapter: factors from :func:`init_lora` / :func:`load_adapter` (``a [..., in, r]``, ``b [..., r, out]``).
+    adapter: factors from :func:`init_lora` / :func:`jaxwm.lora.adapters.load_adapter` (``a [..., in, r]``, ``b [..., r, out]``).
     spec: the :class:`LoraSpec` (its ``alpha / rank`` scales the update).
     enabled: a Python bool; False returns ``params`` itself.
 

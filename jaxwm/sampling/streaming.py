@@ -289,7 +289,8 @@ class _SlotBook:
     else:
       c2w, intr = self.cams["c2w"][new], self.cams["intrinsics"][new]
     self.policy.update(new, c2w, intr)
-    if self.cams is not None:  # the next chunk's poses are known
+    if self.cams is not None and hasattr(self.policy, "look_ahead"):  # the next chunk's poses are known (a
+      # MemoryPolicy always has it; a duck-typed policy may not)
       nxt = np.arange(new[-1] + 1, min(new[-1] + 1 + self.chunk_size, len(self.cams["c2w"])))
       if nxt.size:
         self.policy.look_ahead(self.cams["c2w"][nxt])

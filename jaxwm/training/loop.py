@@ -198,7 +198,7 @@ class TrainTask(Task):
     batch = tr.put_batch(host_batch)
     with jax.set_mesh(tr.mesh):
       state, m = tr.train_step(state, batch, self._key)
-    return state, {k: float(m[k]) for k in ("loss", "grad_norm", "param_norm", "lr")}
+    return state, {k: m[k] for k in ("loss", "grad_norm", "param_norm", "lr")}
 
   def loss(self, metrics):
     return metrics["loss"]
@@ -224,7 +224,8 @@ def run(config, workdir, mesh=None, progress=True, hooks=()):
   """Trains (or resumes) until ``config.train.num_steps``; returns ``(state, history)``.
 
   ``history`` lists the per-step losses of this call; ``hooks`` (:class:`jaxwm.training.runner.Hook`) add probes
-  and samples. The workdir is locked for the call (:class:`jaxwm.training.workdir.WorkdirLock`, process 0): a
+  and samples: none by default (``jaxwm.tasks.run``, which ``train.py`` calls, passes the ones ``train.gain_every``
+  and ``train.sample_every`` ask for: :func:`jaxwm.evaluation.hooks.training_hooks`). The workdir is locked for the call (:class:`jaxwm.training.workdir.WorkdirLock`, process 0): a
   workdir locked by a live process raises :class:`WorkdirLockedError` before anything in it is touched. Resuming
   restores the newest intact checkpoint; a checkpoint of another model raises :class:`ResumeConfigError`, a
   checkpoints directory with no intact step :class:`RunRefusedError` (both one line, before any Orbax read of the

@@ -62,7 +62,7 @@ class RecipeConfig(Block):
   timestep_distribution: str = setting("logit_normal", Choice(TIMESTEP_DISTRIBUTIONS), absent="uniform")
   timestep_shift: float = setting(1.0, Float(gt=0))
   layout: str = setting("diffusion_forcing", Choice(LAYOUTS), absent="teacher_forcing")
-  text_dropout: float = setting(0.0, Float(ge=0, le=1))
+  text_dropout: float = setting(0.0, Float(ge=0, lt=1))
   chunk_drop: ChunkDropConfig = setting(ChunkDropConfig())
   head_windows: HeadWindowsConfig = setting(HeadWindowsConfig())
 

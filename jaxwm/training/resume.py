@@ -62,6 +62,20 @@ def _model_flat(block):
     return flat(block, "model.")
 
 
+def _normalised(config):
+  """``config`` (a dict) with each block read by its dataclass, a key it lacks filled with what its absence meant
+  then (a saved config without ``recipe.layout`` was teacher forcing); a block that does not parse stays as it is."""
+  from jaxwm.blocks import BLOCKS  # pylint: disable=g-import-not-at-top
+  out = dict(config)
+  for prefix, cls in BLOCKS.items():
+    if hasattr(out.get(prefix), "items"):
+      try:
+        out[prefix] = cls.from_dict(out[prefix], legacy=True).to_dict()
+      except (ValueError, TypeError):
+        pass
+  return out
+
+
 def resume_config_differences(saved, config):
   """Compares a checkpoint's saved config with the config of a run resuming it.
 
@@ -74,7 +88,8 @@ def resume_config_differences(saved, config):
     key it does not know is refused, any other unknown key ignored), the head-routing pool while windows are
     on and EMA on/off refused (they shape the train state).
   """
-  cur = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  cur = _normalised(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+  saved = _normalised(saved)
   a = {**flat({k: v for k, v in saved.items() if k != "model"}), **_model_flat(saved.get("model", {}))}
   b = {**flat({k: v for k, v in cur.items() if k != "model"}), **_model_flat(cur.get("model", {}))}
   rules = resume_rules()
@@ -107,14 +122,15 @@ def check_resume_config(ckpt, step, config, *, extra=None, require_saved=False,
   config differs in a refused key; says each logged change in one line.
 
   ``extra(saved, config) -> (refused, logged)`` adds a task's own keys. Without a readable saved config the
-  model is not compared (a note), or the resume is refused when ``require_saved``. Returns the saved config.
+  model is not compared (a note), or the resume is refused when ``require_saved`` (the reason, said in the
+  refusal). Returns the saved config.
   """
   try:
     saved = ckpt.restore_config(step)
   except Exception as e:  # pylint: disable=broad-except
     if require_saved:
       raise ResumeConfigError(f"checkpoint step {step} in {ckpt.directory} has no readable config "
-                              f"({type(e).__name__}): it cannot be compared with this run's") from None
+                              f"({type(e).__name__}): {require_saved}") from None
     say(f"note: checkpoint step {step} has no readable config ({type(e).__name__}); the model is not compared")
     return None
   refused, logged = resume_config_differences(saved, config)

@@ -1,8 +1,9 @@
 """The one step loop behind ``train.py``, shared by every task (training, distillation).
 
 A :class:`Task` says what a step is; :func:`run_steps` does the rest, the same for every task: restore-or-init
-(through the task), progress bar, log cadence with rates, a stop on a non-finite metric before that state can
-reach a checkpoint, checkpoint cadence, hooks, and closing what it opened. :class:`Hook` is how a caller adds
+(through the task), the next batch loaded while a step computes, progress bar, log cadence with rates, a stop on
+a non-finite metric before that state can reach a checkpoint, checkpoint cadence, hooks, and closing what it
+opened. :class:`Hook` is how a caller adds
 probes and samples (the CLI passes them: ``jaxwm.training`` never imports ``jaxwm.evaluation``).
 
 Cadences (``config.train``): a log line every ``log_every`` steps and at the last step (hooks add their scalars
@@ -81,8 +82,8 @@ class Task:
     raise NotImplementedError
 
   def step(self, state, host_batch, step):
-    """Step ``step`` (from 0) on a loader batch: ``(state, metrics)``, ``metrics`` a dict of Python floats,
-    every one checked finite."""
+    """Step ``step`` (from 0) on a loader batch: ``(state, metrics)``, ``metrics`` a dict of scalars (device arrays:
+    the loop loads the next batch before it reads them), every one checked finite."""
     raise NotImplementedError
 
   def loss(self, metrics):
@@ -132,10 +133,11 @@ def due(done, every, last):
   return bool(every) and (done % every == 0 or done == last)
 
 
-def run_steps(task, progress=True, hooks=()):
+def run_steps(task, progress=True, hooks=(), prefetch=True):
   """Runs ``task`` from its restored (or fresh) state to ``task.num_steps``; returns ``(state, history)``, the
   history being :meth:`Task.loss` of every step of this call. Raises :class:`NonFiniteLossError` on a
-  non-finite metric, before that state is checkpointed."""
+  non-finite metric, before that state is checkpointed. ``prefetch=False`` loads each batch only after the
+  previous step has finished (the baseline of ``benchmarks/train_loop.py``)."""
   tc = task.config.train
   n = task.num_steps
   data_iter = iter(task.make_loader())
@@ -150,14 +152,22 @@ def run_steps(task, progress=True, hooks=()):
     bar = tqdm(total=n, initial=start, disable=not progress or jax.process_index() != 0, desc=task.name,
                dynamic_ncols=True)
     t_last = time.perf_counter()
+    host = next(data_iter) if start < n else None
     for step in range(start, n):
-      state, metrics = task.step(state, next(data_iter), step)
+      done = step + 1
+      state, pending = task.step(state, host, step)  # dispatched: computes while the host goes on
+      saving = due(done, tc.ckpt_every, n)
+      # The next batch loads while this step computes, but not before a checkpoint (the data iterator's position
+      # is saved with the state).
+      host = next(data_iter) if prefetch and done < n and not saving else None
+      metrics = {k: float(v) for k, v in pending.items()}  # waits for the step
+      if not prefetch and done < n and not saving:
+        host = next(data_iter)
       if not all(map(math.isfinite, metrics.values())):
         raise NonFiniteLossError(task.nonfinite_message(step + 1, metrics, ckpt.latest_step()))
       history.append(task.loss(metrics))
       window.append(metrics)
       bar.update(1)
-      done = step + 1
       if due(done, tc.log_every, n):
         rate = len(window) / max(time.perf_counter() - t_last, 1e-9)
         scalars = task.summarise(window, rate)
@@ -169,10 +179,12 @@ def run_steps(task, progress=True, hooks=()):
           fields.update(h.postfix(scalars))
         bar.set_postfix(**fields)
         t_last, window = time.perf_counter(), []
-      if due(done, tc.ckpt_every, n):
+      if saving:
         task.on_save(ckpt, done, state, data_iter)
       for h in hooks:
         h.after_save(task, state, done)
+      if saving and done < n:
+        host = next(data_iter)
   finally:
     if bar is not None:
       bar.close()
