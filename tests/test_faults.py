@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from jaxwm.evaluation import hooks as hooks_lib
 from jaxwm.evaluation.hooks import training_hooks
 from jaxwm.training import loop
 from jaxwm.training import workdir as workdir_lib
+from jaxwm.training.runner import Hook, StopRequested
 from jaxwm.training import sharding as sh
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -255,3 +257,36 @@ def test_a_refused_run_leaves_no_workdir_behind(tmp_path):
   with pytest.raises(RunRefusedError, match="train.init_from"):
     run(c, tmp_path / "new", mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False)
   assert not (tmp_path / "new").exists()
+
+
+class _SignalAt(Hook):
+  """Sends this process ``signame`` after step ``at`` (as a scheduler's preemption would), ``times`` times."""
+
+  def __init__(self, at, signame="SIGTERM", times=1):
+    self.at, self.signame, self.times = at, signame, times
+
+  def after_save(self, task, state, done):
+    if done == self.at:
+      for _ in range(self.times):
+        os.kill(os.getpid(), getattr(signal, self.signame))
+
+
+@pytest.mark.parametrize("signame,times", [("SIGTERM", 1), ("SIGINT", 2)])
+def test_a_signal_stops_at_the_next_step_with_it_checkpointed_and_resumes_bitwise(reference, tmp_path, signame,
+                                                                                  times):
+  """SIGTERM (a preemption) or SIGINT twice (an impatient Ctrl-C) during step 3: the run stops after step 3, off
+  the ``ckpt_every=2`` cadence, with step 3 checkpointed; the same command resumes it, and the run ends bitwise
+  equal to the uninterrupted reference with the same losses logged."""
+  ref_dir, ref_state = reference
+  workdir = tmp_path / "w"
+  c = _config()
+  with pytest.raises(StopRequested, match=rf"stopped by {signame} at step 3: its checkpoint is committed"):
+    loop.run(c, workdir, mesh=sh.make_mesh(1, 1, jax.devices()[:1]), progress=False, hooks=[_SignalAt(2, signame,
+                                                                                                        times)])
+  assert ckpt_lib.Checkpointer(workdir / "checkpoints").all_steps() == [2, 3]
+  state, history = _run(c, workdir)
+  assert len(history) == 3  # steps 4-6
+  _assert_same(state, ref_state)
+  rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  ref_rows = [json.loads(x) for x in (ref_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["loss"] for r in rows] == [r["loss"] for r in ref_rows]

@@ -5,7 +5,9 @@
   python train.py --config configs/small.py --config.mesh.fsdp=4
   python train.py --config configs/tiny.py --compile_only train --topology v5e:2x2   # AOT for a TPU topology
 
-Resumes from the newest checkpoint in ``<workdir>/checkpoints`` when there is one. Every config value is
+Resumes from the newest checkpoint in ``<workdir>/checkpoints`` when there is one. SIGTERM or SIGINT (a
+preemption, Ctrl-C) stops it at the next step, checkpointed, with one line and exit code 75; the same command
+resumes it. Every config value is
 checked first (``jaxwm.config_checks``): a bad one is refused in one line ``train.py: <key>=<value>: <allowed>``
 with exit code 2, before any directory, dataset or compilation. ``data.batch_size=0`` (the default) is
 ``data.per_device_batch_size`` x the devices the batch is split over; the global batch is printed.
@@ -105,12 +107,16 @@ def _main(argv):
       _refuse(e)
     sys.exit(0 if fits else 1)
   from jaxwm import tasks  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.runner import STOPPED_EXIT_CODE, StopRequested  # pylint: disable=g-import-not-at-top
   from jaxwm.training.workdir import RunRefusedError  # pylint: disable=g-import-not-at-top
   absl_logging.set_verbosity(absl_logging.WARNING)  # orbax and grain are chatty at INFO
   try:
     _, history = tasks.run(config, workdir)  # train.task: diffusion (with its probes and samples) | distill
   except RunRefusedError as e:  # locked workdir, another model's checkpoint, no intact checkpoint
     _refuse(e)
+  except StopRequested as e:  # SIGTERM / SIGINT: the step it stopped at is checkpointed
+    print(f"train.py: {e}", file=sys.stderr)
+    sys.exit(STOPPED_EXIT_CODE)
   if history:
     k = max(1, len(history) // 10)
     print(f"loss: first {k} steps {sum(history[:k]) / k:.4f} -> last {k} steps {sum(history[-k:]) / k:.4f}")

@@ -8,13 +8,20 @@ probes and samples (the CLI passes them: ``jaxwm.training`` never imports ``jaxw
 
 Cadences (``config.train``): a log line every ``log_every`` steps and at the last step (hooks add their scalars
 to log lines only), a checkpoint every ``ckpt_every`` steps and at the last, then :meth:`Hook.after_save`.
+
+SIGTERM or SIGINT (a preemption, Ctrl-C) stops the run at the next step boundary that every process agrees on:
+that step is checkpointed like a periodic one (state, data iterator) and :class:`StopRequested` is raised
+(``train.py`` exits with :data:`STOPPED_EXIT_CODE`); the same command resumes from it.
 """
 
 import dataclasses
 import math
+import signal
+import threading
 import time
 
 import jax
+import numpy as np
 from tqdm import tqdm
 
 from jaxwm import tasks
@@ -58,6 +65,52 @@ class TrainConfig(Block):
 
 class NonFiniteLossError(FloatingPointError):
   """Raised when a step's loss (or another checked metric) is NaN or inf; that state is never checkpointed."""
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+STOPPED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request with its state saved; the same command resumes it
+
+
+class StopRequested(Exception):
+  """The run stopped at a step boundary on SIGTERM/SIGINT (a preemption, Ctrl-C) after committing a checkpoint of
+  that step (train state, EMA, data iterator): the same command resumes it as from any checkpoint."""
+
+  def __init__(self, signame, step, directory):
+    self.signame, self.step, self.directory = signame, step, directory
+    super().__init__(f"stopped by {signame} at step {step}: its checkpoint is committed in {directory}; the same "
+                     "command resumes from it")
+
+
+class _StopSignals:
+  """While active (main thread only), SIGTERM and SIGINT are recorded instead of killing the process; a second
+  signal changes nothing (a save in progress finishes). ``requested``: the first signal's name, or None."""
+
+  def __init__(self):
+    self.requested, self._previous = None, {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for name in STOP_SIGNALS:
+        sig = getattr(signal, name)
+        self._previous[sig] = signal.signal(sig, self._record)
+    return self
+
+  def _record(self, signum, frame):
+    del frame
+    self.requested = self.requested or signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    return False
+
+
+def _agreed(requested):
+  """Whether any process asked to stop (every process calls it at the same step, so all stop at that step)."""
+  if jax.process_count() == 1:
+    return bool(requested)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.max(multihost_utils.process_allgather(np.int32(bool(requested)))))
 
 
 class Task:
@@ -136,8 +189,14 @@ def due(done, every, last):
 def run_steps(task, progress=True, hooks=(), prefetch=True):
   """Runs ``task`` from its restored (or fresh) state to ``task.num_steps``; returns ``(state, history)``, the
   history being :meth:`Task.loss` of every step of this call. Raises :class:`NonFiniteLossError` on a
-  non-finite metric, before that state is checkpointed. ``prefetch=False`` loads each batch only after the
-  previous step has finished (the baseline of ``benchmarks/train_loop.py``)."""
+  non-finite metric, before that state is checkpointed, and :class:`StopRequested` after checkpointing the step
+  at which a SIGTERM/SIGINT stopped it. ``prefetch=False`` loads each batch only after the previous step has
+  finished (the baseline of ``benchmarks/train_loop.py``)."""
+  with _StopSignals() as stops:
+    return _loop(task, progress, hooks, prefetch, stops)
+
+
+def _loop(task, progress, hooks, prefetch, stops):
   tc = task.config.train
   n = task.num_steps
   data_iter = iter(task.make_loader())
@@ -156,7 +215,8 @@ def run_steps(task, progress=True, hooks=(), prefetch=True):
     for step in range(start, n):
       done = step + 1
       state, pending = task.step(state, host, step)  # dispatched: computes while the host goes on
-      saving = due(done, tc.ckpt_every, n)
+      stopping = done < n and _agreed(stops.requested)  # a signal since the last step: save this one and stop
+      saving = due(done, tc.ckpt_every, n) or stopping
       # The next batch loads while this step computes, but not before a checkpoint (the data iterator's position
       # is saved with the state).
       host = next(data_iter) if prefetch and done < n and not saving else None
@@ -183,6 +243,9 @@ def run_steps(task, progress=True, hooks=(), prefetch=True):
         task.on_save(ckpt, done, state, data_iter)
       for h in hooks:
         h.after_save(task, state, done)
+      if stopping:
+        ckpt.wait()
+        raise StopRequested(stops.requested or "a signal to another process", done, ckpt.directory)
       if saving and done < n:
         host = next(data_iter)
   finally:
