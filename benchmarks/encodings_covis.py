@@ -4,7 +4,8 @@ score each on the 35 eval loops and the 35 translation walks, write a table with
   python benchmarks/encodings_covis.py --steps 240 --seeds 0            # trains, evaluates, reports
   python benchmarks/encodings_covis.py --steps 240 --seeds 0,1,2 --arms viewrope,worldrope --phase report
 
-Resumable: a run whose JSON is under ``--results`` is skipped (``runs/`` is scratch). Each run: `train.py` with
+Resumable: a run whose JSON is under ``--results`` is skipped (``runs/`` is scratch); a training cut short resumes
+from its last checkpoint (every 300 steps, and at a SIGTERM). Each run: `train.py` with
 ``configs/encodings.py:<arm>``, ``--config.train.num_steps=<steps>`` (the cosine schedule spans them), then
 ``jaxwm.evaluation.loop_closure.evaluate`` on loops (full memory) and walks, 4 Euler steps. The report pools
 co-visible PSNR over every scored in-between frame; intervals are 95% bootstrap over seeds, then clips (a clip's
@@ -35,7 +36,7 @@ def _train(args, arm, seed, wd):
   if (reproduction._latest_step(wd) or 0) >= args.steps:  # pylint: disable=protected-access
     return
   cmd = [sys.executable, "train.py", f"--config=configs/encodings.py:{arm}", f"--config.seed={seed}",
-         f"--config.train.num_steps={args.steps}", f"--config.train.ckpt_every={args.steps}",
+         f"--config.train.num_steps={args.steps}", f"--config.train.ckpt_every={min(args.steps, 300)}",
          f"--config.train.gain_every={args.steps}", f"--workdir={wd}"]
   reproduction.run_logged(cmd, wd, f"{arm} seed {seed}")
 
