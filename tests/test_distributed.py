@@ -12,12 +12,15 @@ import grain.python as grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import tiny_config
 
 from jaxwm.sampling.load import load_model
 from jaxwm.training import data as data_lib
 from jaxwm.training import sharding as sh
 from jaxwm.training.loop import Trainer
+
+pytestmark = pytest.mark.slow  # trains in subprocesses
 
 OVERRIDES = {"train.num_steps": 3, "train.ckpt_every": 3, "train.sample_every": 0}
 

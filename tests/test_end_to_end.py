@@ -14,6 +14,8 @@ from jaxwm.data.procedural import make_clip
 from jaxwm.data.video import write_mp4
 from jaxwm.geometry.camera_files import write_cameras
 
+pytestmark = pytest.mark.slow  # ingests, trains, samples and distils through the command lines
+
 HW = (64, 64)  # the tiny Wan2.2 VAE compresses 16x: 4x4 latents
 VAE, TEXT = "wan2.2-tiny:0", "umt5-tiny:0"
 

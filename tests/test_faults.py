@@ -27,6 +27,7 @@ from jaxwm.training.runner import Hook, StopRequested
 from jaxwm.training import sharding as sh
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # most tests resume, damage or interrupt a shared training run
 
 
 def _config(**kw):
