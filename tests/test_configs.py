@@ -50,11 +50,16 @@ def test_tiny_model_is_the_defaults_plus_its_overrides():
   assert ModelConfig.from_dict(tiny.get_config().model) == implied
 
 
-def test_recipe_default_is_the_measured_width_384_run():
-  c = recipe_cpu.get_config()  # what `--config configs/recipe_cpu.py` builds (RESULTS.md's final table)
-  assert (c.model.dim, c.model.num_heads, c.model.ffn_dim) == (384, 8, 768)
-  assert c.train.num_steps == 12000 and c.sample.num_steps <= 10 and c.data.num_clips == 1024
-  assert c.train.workdir == "runs/recipe_cpu_w384" != recipe_cpu.get_config("w192").train.workdir
+def test_recipe_default_is_the_measured_run_that_sees():
+  c = recipe_cpu.get_config()  # what `--config configs/recipe_cpu.py` builds (RESULTS.md, "The 2-hour recipe that sees")
+  t = tiny.get_config()
+  assert c.model.to_dict() == t.model.to_dict() and c.recipe.to_dict() == t.recipe.to_dict()
+  assert (c.train.num_steps, c.data.num_clips, c.data.clips_per_scene, c.optim.ema_decay) == (5500, 2048, 1, 0.999)
+  assert c.train.workdir == "runs/recipe_sees"
+  w384 = recipe_cpu.get_config("w384")  # the width-384 run of RESULTS.md's "The CPU recipe"
+  assert (w384.model.dim, w384.model.num_heads, w384.model.ffn_dim) == (384, 8, 768)
+  assert w384.train.num_steps == 12000 and w384.sample.num_steps <= 10 and w384.data.num_clips == 1024
+  assert len({recipe_cpu.get_config(v).train.workdir for v in recipe_cpu.VARIANTS}) == len(recipe_cpu.VARIANTS)
   with pytest.raises(ValueError, match="w999"):
     recipe_cpu.get_config("w999")
 
