@@ -132,6 +132,22 @@ def make_autoencoder(name):
   raise ValueError(f"vae={name!r}: must be one of {', '.join(NAME_FORMS)}")
 
 
+def autoencoder_strides(name):
+  """``(spatial_stride, temporal_stride)`` of a built-in autoencoder name without building it or reading weights
+  (so a command can refuse a frame size first); None for a name that is not built-in (a plug-in)."""
+  m = re.fullmatch(r"space_to_depth(?::(\d+))?", str(name))
+  if m:
+    return int(m.group(1) or 4), 1
+  m = re.fullmatch(r"(wan2\.[12])(-tiny)?:.+", str(name))
+  if m:
+    from jaxwm.models.wan_vae import WanVAEConfig  # pylint: disable=g-import-not-at-top
+    v21, tiny = m.group(1) == "wan2.1", bool(m.group(2))
+    cfg = (WanVAEConfig.tiny_wan21() if tiny else WanVAEConfig.wan21()) if v21 else (
+        WanVAEConfig.tiny_wan22() if tiny else WanVAEConfig.wan22())
+    return cfg.scale_factor_spatial, cfg.scale_factor_temporal
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class LatentEncoder:
   """A video VAE for ingestion.

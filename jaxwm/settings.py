@@ -71,18 +71,18 @@ class Float:
   le: Any = None
   allowed: Any = None
 
+  def _bounds(self):
+    parts = [f"> {self.gt}" if self.gt is not None else f">= {self.ge}" if self.ge is not None else None,
+             f"< {self.lt}" if self.lt is not None else f"<= {self.le}" if self.le is not None else None]
+    return " and ".join(p for p in parts if p)
+
   def __call__(self, key, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-      raise ConfigError(key, v, self.allowed or "must be a finite number")
+      raise ConfigError(key, v, self.allowed or " ".join(filter(None, ("must be a finite number", self._bounds()))))
     gt, ge, lt, le = self.gt, self.ge, self.lt, self.le
     if ((gt is not None and not v > gt) or (ge is not None and not v >= ge) or (lt is not None and not v < lt) or
         (le is not None and not v <= le)):
-      allowed = self.allowed
-      if allowed is None:
-        parts = [f"> {gt}" if gt is not None else f">= {ge}" if ge is not None else None,
-                 f"< {lt}" if lt is not None else f"<= {le}" if le is not None else None]
-        allowed = "must be " + " and ".join(p for p in parts if p)
-      raise ConfigError(key, v, allowed)
+      raise ConfigError(key, v, self.allowed or f"must be {self._bounds()}")
     return v
 
 

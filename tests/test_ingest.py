@@ -196,7 +196,7 @@ def test_cli(inputs, tmp_path, capsys):
       (["--fps", "nan"], "--fps=nan: must be a finite number > 0"),
       (["--vae", "/no/such/weights"], "--vae='/no/such/weights': expected a built-in name or 'module:factory'"),
       (["--vae", "nosuchmodule:make"], "--vae='nosuchmodule:make': cannot load (ModuleNotFoundError"),
-      (["--dtype", "int8"], "--dtype='int8': must be one of ('float32', 'float16')"),
+      (["--dtype", "int8"], "--dtype='int8': must be one of 'float32', 'float16'"),
       (["--split", "a/b"], "--split='a/b': must be letters, digits or _"),
       (["--captions", str(inputs["cameras"])], "is the camera directory"),
       (["--vae", "space_to_depth:8"], "holds clips made with other settings: fps=5.0 (now None), stride=None (now 1)"),

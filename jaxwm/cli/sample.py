@@ -20,13 +20,13 @@ the checkpoint is restored or anything is written or compiled: a refusal is one 
 """
 
 import argparse
-import math
 import pathlib
 import sys
 
 import numpy as np
 
-from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, run_dir, write_json
+from jaxwm.settings import Choice, Float, Int
+from jaxwm.utils.cli import MAX_SEED, SEED, IsDir, IsFile, Parser, Refusal, refuse, run_dir, write_json
 from jaxwm.utils.cli import run as run_cli
 
 from jaxwm.memory import POLICIES
@@ -57,91 +57,69 @@ def _free_name(base, suffix=".gif"):
 def _parser():
   p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--workdir", default="runs/tiny", help="training workdir or checkpoint directory")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  p.add_argument("--clip", type=int, default=0, help="procedural eval clip (>= 0) for the first frame and trajectory")
-  p.add_argument("--family", default="loops", choices=("loops", "walks"),
+  p.add_argument("--step", type=int, default=None, check=Int(0, allowed="must be >= 0 (a saved step; default: the latest)"), help="checkpoint step (default: latest)")
+  p.add_argument("--clip", type=int, default=0, check=Int(0, allowed="must be >= 0 (an eval clip index)"), help="procedural eval clip (>= 0) for the first frame and trajectory")
+  p.add_argument("--family", default="loops", check=Choice(("loops", "walks")),
                  help="eval clips: loops (the 35 rotation loops) or walks (translations: forward, backward, sideways, "
                       "orbit, move_rotate)")
-  p.add_argument("--image", help="first frame from an image file instead of a procedural clip")
-  p.add_argument("--trajectory", help="RealEstate10K-format camera file (needs --image)")
-  p.add_argument("--scale_divisor", type=float, default=None,
+  p.add_argument("--image", check=IsFile(), help="first frame from an image file instead of a procedural clip")
+  p.add_argument("--trajectory", check=IsFile(), help="RealEstate10K-format camera file (needs --image)")
+  p.add_argument("--scale_divisor", type=float, default=None, check=Float(gt=0),
                  help="--trajectory translations are divided by this, as training divided its source's "
                       "(default: the checkpoint's data.scale_divisor)")
   p.add_argument("--preset", help="named trajectory (needs --image), e.g. yaw90, yaw+pitch45 (default with --image: "
                                   "yaw90)")
   p.add_argument("--frames", type=int, default=None,
+                 check=Int(2, allowed="must be 1 + k * chunk_size with k >= 1 (the first frame plus at least one "
+                                      "generated chunk)"),
                  help="frames to generate, 1 + k * chunk with k >= 1 (default: the training clip)")
-  p.add_argument("--steps", type=int, default=None, help="Euler steps per chunk, >= 1 (default: the checkpoint's)")
-  p.add_argument("--shift", type=float, default=None, help="timestep shift, > 0 (default: the checkpoint's)")
-  p.add_argument("--memory", default="full", choices=tuple(POLICIES),
+  p.add_argument("--steps", type=int, default=None, check=Int(1), help="Euler steps per chunk, >= 1 (default: the checkpoint's)")
+  p.add_argument("--shift", type=float, default=None, check=Float(gt=0), help="timestep shift, > 0 (default: the checkpoint's)")
+  p.add_argument("--memory", default="full", check=Choice(lambda: tuple(POLICIES)),
                  help="which earlier frames each chunk attends to (bounded policies for long rollouts; docs/design.md §8)")
-  p.add_argument("--window", type=int, default=None, help="--memory window: frames kept after the sink (default 8)")
-  p.add_argument("--seed", type=int, default=0, help=f"noise seed in [0, {MAX_SEED}]")
+  p.add_argument("--window", type=int, default=None, check=Int(1), help="--memory window: frames kept after the sink (default 8)")
+  p.add_argument("--seed", type=int, default=0, check=SEED, help=f"noise seed in [0, {MAX_SEED}]")
   p.add_argument("--out", default=None, help="output video, .gif or .mp4 (default: a new name under samples/)")
   p.add_argument("--overwrite", action="store_true", help="replace an existing --out and its .json")
   p.add_argument("--prompt", default=None, help="text prompt (text-conditioned models, trained on ingested records)")
-  p.add_argument("--adapter", default=None,
+  p.add_argument("--adapter", default=None, check=IsDir("a distillation workdir or its adapter/"),
                  help="a distilled LoRA adapter (a distillation workdir, its adapter/ or one step of it), merged into "
                       "the model; its few-step settings become the defaults of --steps, --shift and --guidance")
-  p.add_argument("--guidance", type=float, default=None,
+  p.add_argument("--guidance", type=float, default=None, check=Float(gt=0),
                  help="classifier-free guidance scale on the text, > 0 (default: the checkpoint's sample.guidance)")
   return p
 
 
 def _check_args(args):
-  """Everything that needs no checkpoint: refused before anything is restored or written."""
-  if args.step is not None and args.step < 0:
-    raise Refusal(f"--step={args.step}: must be >= 0 (a saved step; default: the latest)")
-  if args.clip < 0:
-    raise Refusal(f"--clip={args.clip}: must be >= 0 (an eval clip index)")
-  if args.frames is not None and args.frames < 2:
-    raise Refusal(f"--frames={args.frames}: must be 1 + k * chunk_size with k >= 1 (the first frame plus at least "
-                  "one generated chunk)")
-  if args.steps is not None and args.steps < 1:
-    raise Refusal(f"--steps={args.steps}: must be >= 1 (Euler steps per chunk)")
-  if args.shift is not None and not (math.isfinite(args.shift) and args.shift > 0):
-    raise Refusal(f"--shift={args.shift}: must be a finite number > 0")
-  if args.window is not None and args.window < 1:
-    raise Refusal(f"--window={args.window}: must be >= 1 (frames kept after the sink)")
-  if args.scale_divisor is not None and not (math.isfinite(args.scale_divisor) and args.scale_divisor > 0):
-    raise Refusal(f"--scale_divisor={args.scale_divisor}: must be a finite number > 0")
-  if args.adapter is not None and not pathlib.Path(args.adapter).is_dir():
-    raise Refusal(f"--adapter={args.adapter!r}: no such directory (a distillation workdir or its adapter/)")
-  if args.guidance is not None and not (math.isfinite(args.guidance) and args.guidance > 0):
-    raise Refusal(f"--guidance={args.guidance}: must be a finite number > 0")
-  if not 0 <= args.seed <= MAX_SEED:
-    raise Refusal(f"--seed={args.seed}: must be in [0, {MAX_SEED}]")
+  """The checks across flags (each flag's own ran when parsing): all before anything is restored or written."""
   if (args.trajectory or args.preset) and not args.image:
     raise Refusal("--trajectory/--preset need --image (a procedural clip brings its own trajectory)")
   if args.family != "loops" and args.image:
-    raise Refusal(f"--family={args.family!r}: chooses a procedural eval clip; --image brings its own first frame")
+    raise refuse("--family", args.family, "chooses a procedural eval clip; --image brings its own first frame")
   if args.trajectory and args.preset:
     raise Refusal(f"--trajectory={args.trajectory!r} and --preset={args.preset!r}: give one of them")
   if args.scale_divisor is not None and not args.trajectory:
-    raise Refusal(f"--scale_divisor={args.scale_divisor}: applies to --trajectory only")
+    raise refuse("--scale_divisor", args.scale_divisor, "applies to --trajectory only")
   if args.preset:
     from jaxwm.sampling.presets import preset_trajectory  # pylint: disable=g-import-not-at-top
     try:
       preset_trajectory(args.preset, 3, (8, 8))
     except ValueError as e:
-      raise Refusal(f"--preset={args.preset!r}: {e}") from None
-  for flag, path in (("--image", args.image), ("--trajectory", args.trajectory)):
-    if path is not None and not pathlib.Path(path).is_file():
-      raise Refusal(f"{flag}={path!r}: no such file")
+      raise refuse("--preset", args.preset, e) from None
   if args.image:
     try:
       _load_image(args.image, 8)
     except Exception as e:  # pylint: disable=broad-except  (PIL raises several kinds for a non-image)
-      raise Refusal(f"--image={args.image!r}: not a readable image ({type(e).__name__}: {e})") from None
+      raise refuse("--image", args.image, f"not a readable image ({type(e).__name__}: {e})") from None
   if args.out is not None:
     out = pathlib.Path(args.out)
     if out.suffix.lower() not in VIDEO_SUFFIXES:
-      raise Refusal(f"--out={args.out!r}: must end in .gif or .mp4")
+      raise refuse("--out", args.out, "must end in .gif or .mp4")
     if out.is_dir():
-      raise Refusal(f"--out={args.out!r}: is a directory")
+      raise refuse("--out", args.out, "is a directory")
     if _taken(out) and not args.overwrite:
       existing = out if out.exists() else out.with_suffix(".json")
-      raise Refusal(f"--out={args.out!r}: {existing} exists; pass --overwrite to replace it or choose another --out")
+      raise refuse("--out", args.out, f"{existing} exists; pass --overwrite to replace it or choose another --out")
 
 
 def _main(argv):
@@ -160,7 +138,7 @@ def _main(argv):
     try:
       variables, note = apply_adapter(config, variables, args.adapter)
     except (FileNotFoundError, ValueError) as e:
-      raise Refusal(f"--adapter={args.adapter!r}: {e}") from None
+      raise refuse("--adapter", args.adapter, e) from None
     print(f"sample.py: {note}")
     lora_tag = f"_{adapter_tag(args.adapter)}"
 
@@ -184,8 +162,8 @@ def _main(argv):
     said.append(f"--frames {frames_n} (the training clip)")
   if frames_n < 1 + chunk or (frames_n - 1) % chunk:
     ok = ", ".join(str(1 + k * chunk) for k in range(1, 4))
-    raise Refusal(f"--frames={frames_n}: must be 1 + k * {chunk} (the checkpoint's recipe.chunk_size) with k >= 1: "
-                  f"{ok}, ...")
+    raise refuse("--frames", frames_n, f"must be 1 + k * {chunk} (the checkpoint's recipe.chunk_size) with k >= 1: "
+                 f"{ok}, ...")
   steps = args.steps
   if steps is None:
     steps = config.sample.num_steps
@@ -199,12 +177,12 @@ def _main(argv):
     window = 8
     said.append("--window 8")
   elif args.memory != "window" and window is not None:
-    raise Refusal(f"--window={window}: applies to --memory window only (got --memory {args.memory})")
+    raise refuse("--window", window, f"applies to --memory window only (got --memory {args.memory})")
   if d.get("source") == "records":  # VAE latents: an MP4 decoded chunk by chunk
     from jaxwm.cli.sample_video import sample_latent_model  # pylint: disable=g-import-not-at-top
     return sample_latent_model(args, config, model, variables, step, frames_n, steps, shift, window, said)
   if args.prompt:
-    raise Refusal(f"--prompt={args.prompt!r}: this model renders procedural frames without text")
+    raise refuse("--prompt", args.prompt, "this model renders procedural frames without text")
   size = d.image_size
   gt, ret = None, -1
   if args.image:
@@ -213,10 +191,10 @@ def _main(argv):
       try:
         cams = parse_realestate10k(pathlib.Path(args.trajectory).read_text(), (size, size))
       except (ValueError, UnicodeDecodeError) as e:
-        raise Refusal(f"--trajectory={args.trajectory!r}: {e}") from None
+        raise refuse("--trajectory", args.trajectory, e) from None
       n_cams = len(cams["c2w"])
       if n_cams < frames_n:
-        raise Refusal(f"--trajectory={args.trajectory!r}: has {n_cams} cameras; --frames asks for {frames_n}")
+        raise refuse("--trajectory", args.trajectory, f"has {n_cams} cameras; --frames asks for {frames_n}")
       if n_cams > frames_n:
         print(f"sample.py: {args.trajectory} has {n_cams} cameras; using the first {frames_n} (--frames)")
       c2w, k = reanchor(cams["c2w"][:frames_n]), cams["intrinsics"][:frames_n]
@@ -248,7 +226,7 @@ def _main(argv):
   try:
     memory = make_policy(args.memory, max_frames=frames_n, chunk_frames=chunk, image_hw=(size, size), **kwargs)
   except (ValueError, TypeError) as e:
-    raise Refusal(f"--memory={args.memory}: {e}") from None
+    raise refuse("--memory", args.memory, e) from None
   base = pathlib.Path("samples") / f"{(run_dir(args.workdir).name or 'run')}_step{step}{lora_tag}_{source}"
   out_path = pathlib.Path(args.out) if args.out is not None else _free_name(base)
   if args.out is None:

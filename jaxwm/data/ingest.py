@@ -25,7 +25,6 @@ import collections
 import importlib
 import importlib.util
 import json
-import math
 import os
 import pathlib
 import re
@@ -35,12 +34,13 @@ import numpy as np
 
 from jaxwm.data import records
 from jaxwm.data.video import VIDEO_SUFFIXES, adjust_intrinsics, read_video, resample_indices
-from jaxwm.encoders import caption_encoder, latent_encoder, space_to_depth_encoder
+from jaxwm.encoders import autoencoder_strides, caption_encoder, latent_encoder, space_to_depth_encoder
 from jaxwm.encoders import CaptionEncoder as TextEncoder  # noqa: F401  (the name plug-ins used before jaxwm.encoders)
 from jaxwm.encoders import LatentEncoder  # noqa: F401  (the name plug-ins used before jaxwm.encoders)
 from jaxwm.geometry import camera_files
 from jaxwm.geometry.rotations import downsample_poses
-from jaxwm.utils.cli import Parser, Refusal, write_json
+from jaxwm.settings import Choice, ConfigError, Float, Int
+from jaxwm.utils.cli import IsDir, Parser, Refusal, write_json
 from jaxwm.utils.cli import run as run_cli
 
 FORMAT = "jaxwm.clips"
@@ -170,35 +170,61 @@ def find_camera_file(cameras_dir, stem):
   return found[0]
 
 
-def check_settings(s):
-  """Validates the settings dict (the CLI's arguments); raises a one-line :class:`SettingsError`."""
-  def need(ok, arg, allowed):
-    if not ok:
-      raise SettingsError(f"--{arg}={s[arg]!r}: {allowed}")
-  enc = s["encoder"]
-  for arg in ("height", "width"):
-    need(isinstance(s[arg], int) and s[arg] >= 1 and s[arg] % enc.spatial_stride == 0, arg,
-         f"must be a positive multiple of {enc.spatial_stride} (the spatial stride of --vae={enc.name})")
-  t = enc.temporal_stride
-  need(isinstance(s["clip_frames"], int) and s["clip_frames"] >= 1 and (s["clip_frames"] - 1) % t == 0, "clip_frames",
-       "must be >= 1" if t == 1 else f"must be 1 + k * {t} (the causal VAE's first frame alone, then groups of {t})")
-  if s["fps"] is not None and s["stride"] is not None:
+class _Name:
+  """Letters, digits or ``_`` (a split names the shard files)."""
+
+  def __call__(self, key, v):
+    if not isinstance(v, str) or re.fullmatch(r"[A-Za-z0-9_]+", v) is None:
+      raise ConfigError(key, v, "must be letters, digits or _ (it names the shard files)")
+    return v
+
+
+class _OutDir:
+
+  def __call__(self, key, v):
+    if pathlib.Path(v).exists() and not pathlib.Path(v).is_dir():
+      raise ConfigError(key, v, "exists and is not a directory")
+    return v
+
+
+# Each flag's own check: the parser's (before any encoder is built) and ingest()'s.
+FLAG_CHECKS = {"videos": IsDir(), "cameras": IsDir(), "out": _OutDir(), "height": Int(1), "width": Int(1),
+               "clip_frames": Int(1), "fps": Float(gt=0), "stride": Int(1), "hop": Int(1), "shard_size": Int(1),
+               "batch_size": Int(1), "max_clips_per_video": Int(0), "dtype": Choice(DTYPES),
+               "camera_format": Choice(("auto",) + camera_files.FORMATS), "split": _Name()}
+
+
+_REQUIRED = ("videos", "out", "height", "width", "clip_frames")
+
+
+def check_flags(s):
+  """Every flag alone (:data:`FLAG_CHECKS`) and the pairs that exclude each other; one-line :class:`SettingsError`."""
+  for arg, check in FLAG_CHECKS.items():
+    if s.get(arg) is not None or arg in _REQUIRED:
+      try:
+        check(f"--{arg}", s[arg])
+      except ConfigError as e:
+        raise SettingsError(str(e)) from None
+  if s.get("fps") is not None and s.get("stride") is not None:
     raise SettingsError(f"--fps={s['fps']!r} and --stride={s['stride']!r}: give one of them")
-  if s["fps"] is not None:
-    need(isinstance(s["fps"], (int, float)) and math.isfinite(s["fps"]) and s["fps"] > 0, "fps",
-         "must be a finite number > 0")
-  for arg, low in (("stride", 1), ("hop", 1), ("shard_size", 1), ("batch_size", 1), ("max_clips_per_video", 0)):
-    if s[arg] is not None:
-      need(isinstance(s[arg], int) and s[arg] >= low, arg, f"must be an integer >= {low}")
-  need(s["dtype"] in DTYPES, "dtype", f"must be one of {DTYPES}")
-  need(s["camera_format"] in ("auto",) + camera_files.FORMATS, "camera_format",
-       f"must be one of {('auto',) + camera_files.FORMATS}")
-  need(isinstance(s["split"], str) and re.fullmatch(r"[A-Za-z0-9_]+", s["split"]) is not None, "split",
-       "must be letters, digits or _ (it names the shard files)")
-  need(pathlib.Path(s["videos"]).is_dir(), "videos", "no such directory")
-  if s["cameras"] is not None:
-    need(pathlib.Path(s["cameras"]).is_dir(), "cameras", "no such directory")
-  need(not pathlib.Path(s["out"]).exists() or pathlib.Path(s["out"]).is_dir(), "out", "exists and is not a directory")
+
+
+def check_strides(s, spatial, temporal, vae):
+  """Frame sizes against the autoencoder's strides (known from a built-in ``--vae`` name before building it)."""
+  for arg in ("height", "width"):
+    if s[arg] % spatial:
+      raise SettingsError(f"--{arg}={s[arg]!r}: must be a positive multiple of {spatial} (the spatial stride of "
+                          f"--vae={vae})")
+  if (s["clip_frames"] - 1) % temporal:
+    raise SettingsError(f"--clip_frames={s['clip_frames']!r}: must be 1 + k * {temporal} (the causal VAE's first "
+                        f"frame alone, then groups of {temporal})")
+
+
+def check_settings(s):
+  """Validates the settings dict (the CLI's arguments and the built encoder); one-line :class:`SettingsError`."""
+  check_flags(s)
+  enc = s["encoder"]
+  check_strides(s, enc.spatial_stride, enc.temporal_stride, enc.name)
 
 
 def _content_settings(s):
@@ -423,32 +449,42 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
 
 def _parser():
   p = Parser(prog="python -m jaxwm.data.ingest", description=__doc__.split("\n\n")[0])
-  p.add_argument("--videos", required=True, help="directory of videos")
-  p.add_argument("--out", required=True, help="dataset directory (shards, manifest.json, rejects.jsonl)")
-  p.add_argument("--cameras", help="directory of camera files (default: --videos)")
-  p.add_argument("--camera_format", default="auto", help=f"auto or one of {camera_files.FORMATS}")
+  c = FLAG_CHECKS
+  p.add_argument("--videos", required=True, check=c["videos"], help="directory of videos")
+  p.add_argument("--out", required=True, check=c["out"], help="dataset directory (shards, manifest.json, rejects.jsonl)")
+  p.add_argument("--cameras", check=c["cameras"], help="directory of camera files (default: --videos)")
+  p.add_argument("--camera_format", default="auto", check=c["camera_format"],
+                 help=f"auto or one of {camera_files.FORMATS}")
   p.add_argument("--captions", help="JSON / JSONL {stem: caption} file, or a directory of <stem>.txt")
-  p.add_argument("--height", type=int, required=True)
-  p.add_argument("--width", type=int, required=True)
-  p.add_argument("--fps", type=float, help="resample to this frame rate (nearest frames)")
-  p.add_argument("--stride", type=int, help="keep every stride-th frame (default 1 when no --fps)")
-  p.add_argument("--clip_frames", type=int, required=True, help="pixel frames per clip")
-  p.add_argument("--hop", type=int, help="frames between clip starts (default: --clip_frames)")
-  p.add_argument("--max_clips_per_video", type=int, default=0, help="0: all")
-  p.add_argument("--split", default="train", help="split name (shard file prefix)")
-  p.add_argument("--shard_size", type=int, default=64, help="clips per shard file")
-  p.add_argument("--batch_size", type=int, default=8, help="clips per encoder call")
-  p.add_argument("--vae", default="space_to_depth", help="space_to_depth[:S] or module:factory / file.py:factory")
-  p.add_argument("--text_encoder", default="none", help="none or module:factory / file.py:factory")
-  p.add_argument("--dtype", default="float32", help=f"latent and text storage, one of {DTYPES}")
+  p.add_argument("--height", type=int, required=True, check=c["height"])
+  p.add_argument("--width", type=int, required=True, check=c["width"])
+  p.add_argument("--fps", type=float, check=c["fps"], help="resample to this frame rate (nearest frames)")
+  p.add_argument("--stride", type=int, check=c["stride"], help="keep every stride-th frame (default 1 when no --fps)")
+  p.add_argument("--clip_frames", type=int, required=True, check=c["clip_frames"], help="pixel frames per clip")
+  p.add_argument("--hop", type=int, check=c["hop"], help="frames between clip starts (default: --clip_frames)")
+  p.add_argument("--max_clips_per_video", type=int, default=0, check=c["max_clips_per_video"], help="0: all")
+  p.add_argument("--split", default="train", check=c["split"], help="split name (shard file prefix)")
+  p.add_argument("--shard_size", type=int, default=64, check=c["shard_size"], help="clips per shard file")
+  p.add_argument("--batch_size", type=int, default=8, check=c["batch_size"], help="clips per encoder call")
+  p.add_argument("--vae", default="space_to_depth",
+                 help="space_to_depth[:S], wan2.2:<weights>, wan2.1:<weights>, wan2.2-tiny:<seed>, "
+                      "wan2.1-tiny:<seed>, or a plug-in module:factory / file.py:factory")
+  p.add_argument("--text_encoder", default="none",
+                 help="none, umt5:<tokenizer>,<weights>, umt5-tiny:<seed>, or a plug-in module:factory / "
+                      "file.py:factory")
+  p.add_argument("--dtype", default="float32", check=c["dtype"], help=f"latent and text storage, one of {DTYPES}")
   p.add_argument("--no_progress", action="store_true")
   return p
 
 
 def main(argv=None):
-  args = _parser().parse_args(argv)
+  args = _parser().parse_args(argv)  # each flag checked
   try:
     kw = vars(args).copy()
+    check_flags(kw)
+    strides = autoencoder_strides(kw["vae"])
+    if strides is not None:  # a built-in VAE: sizes refused before its weights are read
+      check_strides(kw, *strides, kw["vae"])
     progress = not kw.pop("no_progress")
     kw["encoder"] = make_encoder(kw.pop("vae"))
     kw["text_encoder"] = make_text_encoder(kw.pop("text_encoder"))

@@ -37,13 +37,13 @@ import collections
 import dataclasses
 import itertools
 import json
-import math
 import pathlib
 import sys
 
 import numpy as np
 
-from jaxwm.utils.cli import MAX_SEED, Parser, Refusal, run_dir, write_json, write_text
+from jaxwm.settings import Choice, Float, Int
+from jaxwm.utils.cli import SEED, CommaList, IsDir, IsFile, Parser, Refusal, refuse, run_dir, write_json, write_text
 from jaxwm.utils.cli import run as run_cli
 
 COVIS_COLS = ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
@@ -218,62 +218,31 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
 
 
 
-def _list(s, cast=str, flag=None):
-  if not s:
-    return [None]
-  try:
-    return [cast(x.strip()) for x in s.split(",")]
-  except ValueError:
-    raise Refusal(f"{flag}={s!r}: not a comma list of {cast.__name__}s") from None
-
-
 def _outputs(out):
   return [out.with_suffix(".json"), out.with_suffix(".md")]
 
 
-def _check_args(a, policies, selection_modes):
-  """Checks that need no checkpoint; returns ``(memories, memory_kwargs, selections, top_ks)``."""
-  if a.clips < 1:
-    raise Refusal(f"--clips={a.clips}: must be >= 1")
-  if a.steps is not None and a.steps < 1:
-    raise Refusal(f"--steps={a.steps}: must be >= 1 (Euler steps per chunk)")
-  if a.shift is not None and not (math.isfinite(a.shift) and a.shift > 0):
-    raise Refusal(f"--shift={a.shift}: must be a finite number > 0 (the sampling schedule's timestep shift)")
-  if a.adapter is not None and not pathlib.Path(a.adapter).is_dir():
-    raise Refusal(f"--adapter={a.adapter!r}: no such directory (a distillation workdir or its adapter/)")
-  if a.frames is not None and a.frames < 2:
-    raise Refusal(f"--frames={a.frames}: must be 1 + k * chunk_size with k >= 1")
-  if not 0 <= a.seed <= MAX_SEED:
-    raise Refusal(f"--seed={a.seed}: must be in [0, {MAX_SEED}]")
-  memories = _list(a.memory, flag="--memory")
-  bad = [m for m in memories if m not in policies]
-  if bad:
-    raise Refusal(f"--memory={bad[0]!r}: not one of {tuple(policies)}")
+def _check_args(a):
+  """The checks across flags (each flag's own ran when parsing), before any checkpoint is read; returns
+  ``(memories, memory_kwargs, selections, top_ks)``."""
+  memories = a.memory
   try:
     memory_kwargs = json.loads(a.memory_kwargs)
   except json.JSONDecodeError as e:
-    raise Refusal(f"--memory-kwargs={a.memory_kwargs!r}: not JSON ({e})") from None
+    raise refuse("--memory-kwargs", a.memory_kwargs, f"not JSON ({e})") from None
   if not isinstance(memory_kwargs, dict) or not all(isinstance(v, dict) for v in memory_kwargs.values()):
-    raise Refusal(f"--memory-kwargs={a.memory_kwargs!r}: must be a JSON object of objects, "
-                  '{"<policy>": {"<argument>": value}}')
+    raise refuse("--memory-kwargs", a.memory_kwargs,
+                 'must be a JSON object of objects, {"<policy>": {"<argument>": value}}')
   bad = [m for m in memory_kwargs if m not in memories]
   if bad:
-    raise Refusal(f"--memory-kwargs: {bad[0]!r} is not among --memory={a.memory!r} (its arguments would be unused)")
-  selections, top_ks = _list(a.selection, flag="--selection"), _list(a.top_k, int, flag="--top-k")
-  bad = [s for s in selections if s is not None and s not in selection_modes]
-  if bad:
-    raise Refusal(f"--selection={bad[0]!r}: not one of {selection_modes}")
-  bad = [k for k in top_ks if k is not None and k < 1]
-  if bad:
-    raise Refusal(f"--top-k={bad[0]}: must be >= 1")
-  if a.lpips and not pathlib.Path(a.lpips).is_file():
-    raise Refusal(f"--lpips={a.lpips!r}: no such file")
+    raise refuse("--memory-kwargs", a.memory_kwargs,
+                 f"{bad[0]!r} is not among --memory={','.join(memories)} (its arguments would be unused)")
   if a.out is not None:
     out = pathlib.Path(a.out)
     existing = [p for p in _outputs(out) if p.exists()]
     if existing and not a.overwrite:
-      raise Refusal(f"--out={a.out!r}: {existing[0]} exists; pass --overwrite to replace it or choose another --out")
-  return memories, memory_kwargs, selections, top_ks
+      raise refuse("--out", a.out, f"{existing[0]} exists; pass --overwrite to replace it or choose another --out")
+  return memories, memory_kwargs, a.selection or [None], a.top_k or [None]
 
 
 def figures(out, results, family):
@@ -322,30 +291,30 @@ def _main(argv):
   from jaxwm.ops.frame_sparse import SELECTION_MODES  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.clips import EVAL_FAMILIES  # pylint: disable=g-import-not-at-top
   p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--checkpoint", required=True, help="training workdir or checkpoint directory")
-  p.add_argument("--clips", type=int, default=35, help="eval clips, >= 1")
-  p.add_argument("--family", default="loops", choices=EVAL_FAMILIES)
-  p.add_argument("--split", default="eval", choices=("eval", "train"),
+  p.add_argument("--checkpoint", required=True, check=IsDir("a training workdir or checkpoint directory"), help="training workdir or checkpoint directory")
+  p.add_argument("--clips", type=int, default=35, check=Int(1), help="eval clips, >= 1")
+  p.add_argument("--family", default="loops", check=Choice(EVAL_FAMILIES))
+  p.add_argument("--split", default="eval", check=Choice(("eval", "train")),
                  help="eval: rooms never trained on; train: the same trajectories in training rooms (diagnosis)")
-  p.add_argument("--lpips", help="LPIPS weights (.npz from `python -m jaxwm.evaluation.lpips`)")
-  p.add_argument("--memory", default="full", help=f"comma list of {', '.join(POLICIES)}")
+  p.add_argument("--lpips", check=IsFile(), help="LPIPS weights (.npz from `python -m jaxwm.evaluation.lpips`)")
+  p.add_argument("--memory", default="full", check=CommaList(Choice(tuple(POLICIES))), help=f"comma list of {', '.join(POLICIES)}")
   p.add_argument("--memory-kwargs", default="{}",
                  help='JSON per policy, e.g. \'{"window": {"window": 4}, "landmark": {"recent": 1}}\'')
-  p.add_argument("--selection", help=f"comma list of {', '.join(SELECTION_MODES)} (frame-sparse models)")
-  p.add_argument("--top-k", help="comma list of ints (frame-sparse models)")
+  p.add_argument("--selection", check=CommaList(Choice(SELECTION_MODES)), help=f"comma list of {', '.join(SELECTION_MODES)} (frame-sparse models)")
+  p.add_argument("--top-k", check=CommaList(Int(1), int), help="comma list of ints (frame-sparse models)")
   p.add_argument("--probe", action="store_true", help="co-visible attention share (loops)")
   p.add_argument("--figures", action="store_true")
-  p.add_argument("--frames", type=int, help="latent frames per clip (default: the training config's)")
-  p.add_argument("--steps", type=int, help="Euler steps per chunk, >= 1 (default: the checkpoint's, or the adapter's)")
-  p.add_argument("--shift", type=float, help="sampling schedule's timestep shift, > 0 (default: the checkpoint's "
+  p.add_argument("--frames", type=int, check=Int(2, allowed="must be 1 + k * chunk_size with k >= 1"), help="latent frames per clip (default: the training config's)")
+  p.add_argument("--steps", type=int, check=Int(1), help="Euler steps per chunk, >= 1 (default: the checkpoint's, or the adapter's)")
+  p.add_argument("--shift", type=float, check=Float(gt=0), help="sampling schedule's timestep shift, > 0 (default: the checkpoint's "
                                               "config.sample.shift, or the adapter's)")
-  p.add_argument("--adapter", help="a distilled LoRA adapter (distillation workdir or its adapter/), merged into the "
+  p.add_argument("--adapter", check=IsDir("a distillation workdir or its adapter/"), help="a distilled LoRA adapter (distillation workdir or its adapter/), merged into the "
                                    "model; its few-step settings become the defaults")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=int, default=0, check=SEED)
   p.add_argument("--out", default=None, help="output prefix (default: <workdir>/loop_closure/<family>_step<k>_<n>)")
   p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
   a = p.parse_args(argv)
-  memories, memory_kwargs, selections, top_ks = _check_args(a, POLICIES, SELECTION_MODES)
+  memories, memory_kwargs, selections, top_ks = _check_args(a)
   from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
   try:
@@ -358,7 +327,7 @@ def _main(argv):
     try:
       variables, note = apply_adapter(config, variables, a.adapter)
     except (FileNotFoundError, ValueError) as e:
-      raise Refusal(f"--adapter={a.adapter!r}: {e}") from None
+      raise refuse("--adapter", a.adapter, e) from None
     print(f"loop_closure: {note}")
     lora_tag = f"_{adapter_tag(a.adapter)}"
   if (a.selection or a.top_k) and not model.cfg.attention.sparse:
@@ -366,13 +335,13 @@ def _main(argv):
   chunk, d = config.recipe.chunk_size, config.data
   frames_n = a.frames or d.num_frames
   if frames_n < 1 + chunk or (frames_n - 1) % chunk:
-    raise Refusal(f"--frames={frames_n}: must be 1 + k * {chunk} (the checkpoint's recipe.chunk_size) with k >= 1")
+    raise refuse("--frames", frames_n, f"must be 1 + k * {chunk} (the checkpoint's recipe.chunk_size) with k >= 1")
   for mem in memories:
     try:
       make_policy(mem, max_frames=frames_n, chunk_frames=chunk, image_hw=(d.image_size, d.image_size),
                   **memory_kwargs.get(mem, {}))
     except (TypeError, ValueError) as e:
-      raise Refusal(f"--memory-kwargs for {mem!r}: {e}") from None
+      raise refuse("--memory-kwargs", a.memory_kwargs, f"for {mem!r}: {e}") from None
   if a.out is None:
     base = run_dir(a.checkpoint) / "loop_closure" / f"{a.family}_step{step}{lora_tag}"
     n = 0
@@ -388,7 +357,7 @@ def _main(argv):
     try:
       lpips_params = load_params(a.lpips)
     except (OSError, ValueError, KeyError) as e:
-      raise Refusal(f"--lpips={a.lpips!r}: not LPIPS weights ({e})") from None
+      raise refuse("--lpips", a.lpips, f"not LPIPS weights ({e})") from None
   else:
     print("LPIPS skipped: convert the public weights with `python -m jaxwm.evaluation.lpips --alexnet "
           "alexnet-owt-7be5be79.pth --lin alex.pth --out lpips_alex.npz` and pass --lpips lpips_alex.npz")
