@@ -4,9 +4,11 @@ data, and the checkpoint they write restores in one process."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import grain.python as grain
 import jax
@@ -31,13 +33,19 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_path):
-  worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed_worker.py")
-  env = {**os.environ, "JAXWM_TEST_OVERRIDES": json.dumps(OVERRIDES)}
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed_worker.py")
+
+
+def _start(tmp_path, overrides):
+  env = {**os.environ, "JAXWM_TEST_OVERRIDES": json.dumps(overrides)}
   env.pop("XLA_FLAGS", None)
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, worker, str(i), str(port), str(tmp_path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+  return [subprocess.Popen([sys.executable, WORKER, str(i), str(port), str(tmp_path)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+
+
+def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_path):
+  procs = _start(tmp_path, OVERRIDES)
   for p in procs:
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out[-3000:]
@@ -65,3 +73,34 @@ def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_p
   assert step == OVERRIDES["train.num_steps"]
   for a, b in zip(jax.tree_util.tree_leaves(variables["params"]), jax.tree_util.tree_leaves(state.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(jnp.asarray(b)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_killed_process_ends_the_other_within_the_heartbeat_timeout_naming_it_and_the_run_resumes(tmp_path):
+  """kill -9 of process 1 mid-training: process 0, waiting in a collective that will never finish, is ended by
+  JAX's coordination service within ``train.heartbeat_timeout_s`` (plus start-up slack) with a message naming
+  task 1; the committed checkpoints are intact and the two restarted processes resume from the latest one."""
+  heartbeat = 8
+  overrides = {"train.num_steps": 400, "train.ckpt_every": 2, "train.sample_every": 0, "train.async_checkpoint": False,
+               "train.heartbeat_timeout_s": heartbeat}
+  procs = _start(tmp_path, overrides)
+  ckpts = tmp_path / "run" / "checkpoints"
+  deadline = time.monotonic() + 240
+  while not (ckpts / "4").is_dir():
+    assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[0][-3000:]
+    time.sleep(0.2)
+  procs[1].send_signal(signal.SIGKILL)
+  t = time.monotonic()
+  out, _ = procs[0].communicate(timeout=120)
+  procs[1].wait()
+  assert procs[0].returncode != 0 and time.monotonic() - t < heartbeat + 20, out[-3000:]
+  assert "stopped sending heartbeats" in out and "\n1\n" in out, out[-3000:]  # the unhealthy task: process 1
+  last = max(int(d.name) for d in ckpts.iterdir() if d.name.isdigit())
+  assert last >= 4
+
+  procs = _start(tmp_path, {**overrides, "train.num_steps": last + 2})
+  for p in procs:
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-3000:]
+  r0 = json.loads((tmp_path / "process_0.json").read_text())
+  assert len(r0["history"]) == 2  # resumed at `last`, not from scratch
+  assert load_model(tmp_path / "run", use_ema=False)[3] == last + 2

@@ -303,3 +303,22 @@ def test_stop_signals_are_recorded_once_and_the_handlers_restored():
     os.kill(os.getpid(), signal.SIGINT)
     assert stops.requested == "SIGINT"
   assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_distributed_start_takes_the_configured_timeouts(monkeypatch):
+  """``train.init_timeout_s`` / ``train.heartbeat_timeout_s`` reach ``jax.distributed.initialize``; a half-set
+  environment is refused before anything starts."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+  from jaxwm.training import workdir as wd  # pylint: disable=g-import-not-at-top
+  seen = {}
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: seen.update(kw))
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_PROCESS_ID", "1")
+  wd.maybe_initialize_distributed(tiny_config(**{"train.distributed": True, "train.init_timeout_s": 7,
+                                                  "train.heartbeat_timeout_s": 11}))
+  assert seen == {"num_processes": 2, "process_id": 1, "initialization_timeout": 7, "heartbeat_timeout_seconds": 11}
+  monkeypatch.delenv("JAX_PROCESS_ID")
+  with pytest.raises(wd.RunRefusedError, match="JAX_PROCESS_ID"):
+    wd.maybe_initialize_distributed(tiny_config(**{"train.distributed": True}))

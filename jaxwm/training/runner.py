@@ -45,6 +45,9 @@ class TrainConfig(Block):
     init_from: an earlier stage's workdir, or the released Wan transformer's ``.safetensors`` (fine-tuning).
     gain_every: the memory gain and the co-visible proxy every k steps and at the last, on log lines (0: off).
     task: what ``train.py`` runs (:data:`jaxwm.tasks.TASKS`: ``diffusion`` | ``distill``).
+    init_timeout_s: a multi-process run: seconds every process waits for all to join (``jax.distributed``).
+    heartbeat_timeout_s: a multi-process run: seconds without a heartbeat after which JAX's coordination service
+      declares a process dead and ends the others (a hung collective ends no sooner than this).
   """
   PREFIX = "train"
   num_steps: int = setting(900, Int(lo=1))
@@ -61,6 +64,8 @@ class TrainConfig(Block):
   gain_every: int = setting(300, Int(lo=0, allowed="must be an integer >= 0 (0: no memory-gain probe)"),
                             resume="free", absent=0)
   task: str = setting(tasks.DEFAULT, Choice(lambda: tuple(tasks.TASKS)), resume="free")
+  init_timeout_s: int = setting(300, Int(lo=1), resume="free")
+  heartbeat_timeout_s: int = setting(100, Int(lo=1), resume="free")
 
 
 class NonFiniteLossError(FloatingPointError):

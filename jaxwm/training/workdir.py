@@ -43,7 +43,10 @@ def maybe_initialize_distributed(config):
     kw = {"num_processes": int(os.environ["JAX_NUM_PROCESSES"]), "process_id": int(os.environ["JAX_PROCESS_ID"])}
   if os.environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(**kw)
+  from jaxwm.training.runner import TrainConfig  # pylint: disable=g-import-not-at-top
+  tc = TrainConfig.from_dict(config.train)
+  jax.distributed.initialize(**kw, initialization_timeout=tc.init_timeout_s,
+                             heartbeat_timeout_seconds=tc.heartbeat_timeout_s)
   logging.info("jax.distributed initialised: process %d of %d", jax.process_index(), jax.process_count())
 
 
