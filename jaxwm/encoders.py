@@ -8,12 +8,14 @@ Video autoencoders (``data.vae``, ``python -m jaxwm.data.ingest --vae``):
   temporal compression, ``3 S^2`` channels.
 - ``wan2.2:<weights>`` / ``wan2.1:<weights>``: the Wan VAEs (``jaxwm.models.wan_vae``) with weights from
   diffusers ``AutoencoderKLWan`` safetensors or the original ``Wan2.x_VAE.pth``; 4x temporal compression,
-  latents normalised per channel (``(z - mean) / std``).
+  latents normalised per channel (``(z - mean) / std``). A diffusers ``vae/`` folder's ``config.json`` gives
+  the structure (any size; checked against the name's version); a file is the released size.
 - ``wan2.2-tiny:<seed>`` / ``wan2.1-tiny:<seed>``: the same structures at test size with random weights from
   ``seed`` (tests and the CPU end-to-end run; nothing to download).
 
 Text encoders (``data.text_encoder``, ``--text_encoder``; :mod:`jaxwm.text`): ``umt5:<tokenizer>,<weights>``
-(umT5-XXL, Wan's) and ``umt5-tiny:<seed>`` (random test-size weights).
+(umT5-XXL, Wan's; a transformers ``text_encoder/`` folder's ``config.json`` gives another size) and
+``umt5-tiny:<seed>`` (random test-size weights).
 """
 
 import dataclasses
@@ -82,6 +84,40 @@ def _space_to_depth(stride):
                      lambda x: vae.encode(_to_float(x), stride), decoder)
 
 
+def _folder_config(source):
+  """The ``config.json`` dict of a weights folder (a diffusers ``vae/`` or transformers ``text_encoder/``
+  folder), or None for a file or a folder without one."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(source).expanduser() / "config.json"
+  if not path.is_file():
+    return None
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: not a readable JSON config ({e})") from None
+
+
+def _folder_vae_config(kind, source):
+  """A diffusers ``vae/`` folder's own structure (any size), checked against the name's version: Wan2.2's VAE
+  patchifies (``patch_size`` 2, 16x spatial), Wan2.1's does not."""
+  from jaxwm.models.wan_vae import WanVAEConfig  # pylint: disable=g-import-not-at-top
+  d = _folder_config(source)
+  if d is None:
+    return None
+  try:
+    cfg = WanVAEConfig.from_diffusers(d)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"vae={kind}:{source}: config.json does not describe a Wan VAE ({' '.join(str(e).split())})") \
+        from None
+  v22 = (cfg.patch_size or 1) > 1
+  if v22 != (kind == "wan2.2"):
+    other = "wan2.2" if v22 else "wan2.1"
+    raise ValueError(f"vae={kind}:{source}: its config.json describes a {other} VAE (patch_size={cfg.patch_size}); "
+                     f"name it {other}:{source}")
+  return cfg
+
+
 @functools.lru_cache(maxsize=4)
 def _wan(kind, source):
   from jaxwm.models.wan_vae import WanVAE, WanVAEConfig  # pylint: disable=g-import-not-at-top
@@ -90,7 +126,7 @@ def _wan(kind, source):
   if tiny:
     cfg = WanVAEConfig.tiny_wan21() if v21 else WanVAEConfig.tiny_wan22()
   else:
-    cfg = WanVAEConfig.wan21() if v21 else WanVAEConfig.wan22()
+    cfg = _folder_vae_config(kind, source) or (WanVAEConfig.wan21() if v21 else WanVAEConfig.wan22())
   vae = WanVAE(cfg)
   s = cfg.scale_factor_spatial
   if tiny:
@@ -142,8 +178,9 @@ def autoencoder_strides(name):
   if m:
     from jaxwm.models.wan_vae import WanVAEConfig  # pylint: disable=g-import-not-at-top
     v21, tiny = m.group(1) == "wan2.1", bool(m.group(2))
-    cfg = (WanVAEConfig.tiny_wan21() if tiny else WanVAEConfig.wan21()) if v21 else (
-        WanVAEConfig.tiny_wan22() if tiny else WanVAEConfig.wan22())
+    cfg = None if tiny else _folder_vae_config(m.group(1), str(name).split(":", 1)[1])
+    cfg = cfg or ((WanVAEConfig.tiny_wan21() if tiny else WanVAEConfig.wan21()) if v21 else (
+        WanVAEConfig.tiny_wan22() if tiny else WanVAEConfig.wan22()))
     return cfg.scale_factor_spatial, cfg.scale_factor_temporal
   return None
 
@@ -202,6 +239,9 @@ def make_text_encoder(name, max_length=512):
   if m:
     return random_text_encoder(seed=int(m.group(1)))
   m = re.fullmatch(r"umt5:([^,]+),(.+)", str(name))
-  if m:
-    return TextEncoder.load(m.group(1), m.group(2), max_length=max_length)
+  if m:  # a transformers text_encoder/ folder brings its own size in config.json; files are umT5-XXL
+    from jaxwm.models.umt5 import UMT5Config  # pylint: disable=g-import-not-at-top
+    d = _folder_config(m.group(2))
+    cfg = None if d is None else UMT5Config.from_hf(d)
+    return TextEncoder.load(m.group(1), m.group(2), cfg=cfg, max_length=max_length)
   raise ValueError(f"text_encoder={name!r}: must be one of {', '.join(TEXT_ENCODER_FORMS)}")

@@ -207,6 +207,11 @@ def test_text_encoder_load_and_encode_match_reference(hf_model, spm_dir, tmp_pat
   assert not np.asarray(emb)[1, int(mask[1].sum()):].any()
   with pytest.raises(ValueError, match="prompts="):
     te.encode("a single string")
+  # By name, as --text_encoder / data.text_encoder take it: the folder's config.json gives the size (not XXL's).
+  from jaxwm.encoders import make_text_encoder  # pylint: disable=g-import-not-at-top
+  named = make_text_encoder(f"umt5:{spm_dir / 'spiece.model'},{tmp_path / 'hf'}", max_length=16)
+  assert named.cfg.d_model == CFG.d_model and named.cfg.num_layers == CFG.num_layers
+  np.testing.assert_allclose(np.asarray(named.encode(PROMPTS)[0]), np.asarray(emb), atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -188,6 +188,25 @@ def test_original_wan_names_and_loading(setup, tmp_path):
     assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(np.array_equal, loaded, variables)))
 
 
+def test_a_diffusers_folder_of_any_size_loads_by_name(setup, tmp_path):
+  """``wan2.x:<folder>`` (``--vae``, ``data.vae``) reads the folder's config.json: a size other than the release's
+  loads and encodes as diffusers does; the wrong version's name is refused in one line."""
+  from jaxwm.encoders import autoencoder_strides, make_autoencoder  # pylint: disable=g-import-not-at-top
+  cfg, tm, _, video, ref = setup
+  tm.save_pretrained(tmp_path / "vae")
+  kind, other = ("wan2.2", "wan2.1") if cfg.patch_size else ("wan2.1", "wan2.2")
+  name = f"{kind}:{tmp_path / 'vae'}"
+  assert autoencoder_strides(name) == (cfg.scale_factor_spatial, cfg.scale_factor_temporal)
+  ae = make_autoencoder(name)
+  assert (ae.spatial_stride, ae.temporal_stride, ae.channels) == (cfg.scale_factor_spatial, cfg.scale_factor_temporal,
+                                                                  cfg.z_dim)
+  want = np.asarray(normalize(jnp.asarray(ref["mean"]), cfg))
+  got = np.asarray(ae.encode(jnp.asarray(video)))
+  assert _rel(got, want) < 1e-4
+  with pytest.raises(ValueError, match=f"describes a {kind} VAE.*name it {kind}:"):
+    make_autoencoder(f"{other}:{tmp_path / 'vae'}")
+
+
 def test_bad_config_raises_one_line_value_errors():
   with pytest.raises(ValueError, match="temperal_downsample=.*needs len\\(dim_mult\\) - 1 = 3"):
     WanVAEConfig(temperal_downsample=(True,))
