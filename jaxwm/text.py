@@ -1,6 +1,6 @@
 """Text conditioning for training and sampling: umT5 prompt embeddings, text dropout and guidance.
 
-As in Wan, a prompt is cleaned (html unescape, ``ftfy`` when installed, whitespace collapsed),
+As in Wan, a prompt is cleaned (``ftfy``, html unescape, whitespace collapsed),
 tokenized with ``</s>`` appended, padded/truncated to ``max_length`` (512), encoded by umT5, and
 every position past the prompt's length is set to zero:
 
@@ -35,12 +35,10 @@ _TINY_CORPUS = (
 
 
 def clean_prompt(text):
-  """Wan's prompt cleaning: ``ftfy.fix_text`` (if installed), html unescape twice, whitespace collapsed."""
-  try:
-    import ftfy  # pylint: disable=g-import-not-at-top
-    text = ftfy.fix_text(text)
-  except ImportError:
-    pass
+  """Wan's prompt cleaning: ``ftfy.fix_text`` (mojibake and odd unicode repaired), html unescape twice,
+  whitespace collapsed."""
+  import ftfy  # pylint: disable=g-import-not-at-top
+  text = ftfy.fix_text(text)
   text = html.unescape(html.unescape(text))
   return re.sub(r"\s+", " ", text).strip()
 

@@ -176,6 +176,14 @@ def test_load_safetensors_sharded_bf16_and_original_names(hf_model, tmp_path):
   want_bf16 = jax.tree_util.tree_map(lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16)), want)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), got, want_bf16)
   assert got["params"]["final_norm"]["scale"].dtype == jnp.bfloat16
+  # The release's file: the same dict written by torch.save (models_t5_umt5-xxl-enc-bf16.pth).
+  torch.save(original, tmp_path / "models_t5_umt5-enc-bf16.pth")
+  got = conv.load_umt5_safetensors(tmp_path / "models_t5_umt5-enc-bf16.pth",
+                                   dataclasses.replace(CFG, param_dtype="bfloat16"))
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), got, want_bf16)
+  (tmp_path / "broken.pth").write_bytes(b"not a zip")
+  with pytest.raises(ValueError, match="broken.pth: not a torch state dict"):
+    conv.load_umt5_safetensors(tmp_path / "broken.pth", CFG)
 
 
 def test_tokenizers_match_t5_tokenizer(spm_dir, tmp_path):
@@ -255,3 +263,9 @@ def test_drop_text_and_cfg_combine(random_encoder):
   np.testing.assert_allclose(np.asarray(text_lib.cfg_combine(cond, uncond, 0.0)), np.asarray(uncond), atol=1e-6)
   np.testing.assert_allclose(np.asarray(text_lib.cfg_combine(cond, uncond, 5.0)),
                              np.asarray(uncond + 5.0 * (cond - uncond)), atol=1e-5)
+
+
+def test_prompts_are_cleaned_as_wan_cleans_them():
+  """ftfy (UTF-8 read as cp1252 repaired), then html entities unescaped twice, then whitespace collapsed."""
+  broken = "caf\u00c3\u00a9 &amp;amp; the  \n room"  # 'café' mis-decoded, a doubly escaped '&'
+  assert text_lib.clean_prompt(broken) == "café & the room"

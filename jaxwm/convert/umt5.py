@@ -158,6 +158,35 @@ class _SafetensorsFile:
     return self._mm[self.start + lo:self.start + hi].view(dtype).reshape(info["shape"])
 
 
+class _TorchFile:
+  """A ``torch.save`` state dict (the released ``models_t5_umt5-xxl-enc-bf16.pth``), memory-mapped and read
+  tensor by tensor with :meth:`get` (bfloat16 kept as ``ml_dtypes.bfloat16``); needs torch."""
+
+  def __init__(self, path):
+    import torch  # pylint: disable=g-import-not-at-top
+    self.path = str(path)
+    try:
+      self._sd = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # pylint: disable=broad-except  (torch raises several kinds for a bad file)
+      raise ValueError(f"{self.path}: not a torch state dict ({type(e).__name__}: {' '.join(str(e).split())[:200]})") \
+          from None
+    if not isinstance(self._sd, dict):
+      raise ValueError(f"{self.path}: holds a {type(self._sd).__name__}, not a state dict of tensors")
+    self.header = {k: None for k in self._sd}
+
+  def get(self, key):
+    import ml_dtypes  # pylint: disable=g-import-not-at-top
+    import torch  # pylint: disable=g-import-not-at-top
+    t = self._sd[key].detach()
+    if t.dtype == torch.bfloat16:
+      return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _open(path):
+  return _TorchFile(path) if str(path).endswith((".pth", ".pt", ".bin")) else _SafetensorsFile(path)
+
+
 def load_umt5_safetensors(paths, cfg: UMT5Config, abstract_params=None, shardings=None, original_names=None):
   """Loads umT5 encoder weights from safetensors file(s) leaf by leaf into (sharded) jax arrays.
 
@@ -166,8 +195,9 @@ def load_umt5_safetensors(paths, cfg: UMT5Config, abstract_params=None, sharding
   held on the host at a time.
 
   Args:
-    paths: a path or a list of paths: safetensors files, or folders whose ``*.safetensors`` files are all
-      read (e.g. a diffusers ``text_encoder/`` folder).
+    paths: a path or a list of paths: safetensors files, ``torch.save`` state dicts (``.pth``: the release's
+      ``models_t5_umt5-xxl-enc-bf16.pth``), or folders whose ``*.safetensors`` files are all read (e.g. a
+      diffusers ``text_encoder/`` folder).
     cfg: the encoder config the weights must fit.
     abstract_params: optional ``jax.eval_shape`` of the init (boxed or not) to check shapes and dtypes.
     shardings: optional pytree of ``jax.sharding.Sharding`` matching ``{"params": ...}``.
@@ -186,7 +216,7 @@ def load_umt5_safetensors(paths, cfg: UMT5Config, abstract_params=None, sharding
     raise ValueError("paths: no safetensors file given (an empty list or folder)")
   where = {}
   for p in paths:
-    f = _SafetensorsFile(p)
+    f = _open(p)
     for k in f.header:
       where[k] = (f, k)
   if original_names or (original_names is None and any(k.startswith("blocks.") for k in where)):
