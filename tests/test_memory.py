@@ -210,6 +210,61 @@ def test_bounded_rollouts_compile_once_and_forget(trajectory):
   assert isinstance(make_policy("full", max_frames=9, chunk_frames=2, image_hw=(16, 16)), FullMemory)
 
 
+def _policies():
+  return {"full": FullMemory(SLOTS), "window": WindowMemory(sink=1, window=2),
+          "landmark": LandmarkMemory(2, recent=1, retrieved=1, bank_size=2, stride=0.5),
+          "panorama": PanoramaMemory((16, 16), bank_size=1, recent=2)}
+
+
+def test_a_session_under_every_policy_equals_the_rollout_on_the_same_poses(trajectory):
+  """Cameras given chunk by chunk, the next chunk unknown: the frames equal a rollout's that knew the whole
+  trajectory, bit for bit, under each policy (the policy's look-ahead sees the next chunk's poses in both)."""
+  sampler = _sampler(SLOTS)
+  first = jax.random.normal(jax.random.key(1), (1, 1, 4, 4, 12))
+  cams = {k: np.asarray(v) for k, v in trajectory.items()}
+  for name in _policies():
+    ref = sampler.rollout(first, 9, 2, jax.random.key(2), trajectory, memory=_policies()[name], slots=SLOTS)
+    session = sampler.session(first, jax.random.key(2), {k: v[:, :1] for k, v in cams.items()},
+                              memory=_policies()[name], slots=SLOTS)
+    for lo in range(1, 9, 2):
+      session.next({k: v[:, lo:lo + 2] for k, v in cams.items()})
+    np.testing.assert_array_equal(session.frames, ref, err_msg=name)
+
+
+def test_a_session_under_a_bounded_policy_has_no_length_limit(trajectory):
+  """A walk 5x longer than the device buffer (10 slots, 49 frames) under the window policy: one compiled step
+  for every chunk, a cache of fixed size, the same frames for the same key and poses; the full memory refuses
+  to grow past its slots with a message naming the way out."""
+  from jaxwm.sampling import streaming  # pylint: disable=g-import-not-at-top
+  sampler = _sampler(SLOTS)
+  first = jax.random.normal(jax.random.key(1), (1, 1, 4, 4, 12))
+  n = 49
+  yaws = 30 * np.sin(np.linspace(0, 6, n))
+  c2w = _poses(np.linspace(0, 3, n), yaws)[None].astype(np.float32)
+  k = np.tile(K, (1, n, 1, 1)).astype(np.float32)
+  runs = []
+  for _ in range(2):
+    session = sampler.session(first, jax.random.key(3), {"c2w": c2w[:, :1], "intrinsics": k[:, :1]},
+                              memory=WindowMemory(sink=1, window=4), slots=SLOTS, keep_frames=False)
+    shapes = jax.tree_util.tree_map(lambda a: a.shape, session.cache)
+    out = []
+    for lo in range(1, n, 2):
+      out.append(session.next({"c2w": c2w[:, lo:lo + 2], "intrinsics": k[:, lo:lo + 2]}))
+      if lo == 3:
+        compiled = streaming._denoise_jit._cache_size()  # pylint: disable=protected-access
+      assert jax.tree_util.tree_map(lambda a: a.shape, session.cache) == shapes
+    assert streaming._denoise_jit._cache_size() == compiled  # pylint: disable=protected-access
+    assert session.memory.resident() == [0, 43, 44, 45, 46] and session.frames.shape[1] == 2  # 47-48: not yet committed
+    runs.append(np.concatenate(out, axis=1))
+  np.testing.assert_array_equal(runs[0], runs[1])
+  assert np.all(np.isfinite(runs[0]))
+  full = sampler.session(first, jax.random.key(3), {"c2w": c2w[:, :1], "intrinsics": k[:, :1]})
+  for lo in range(1, 9, 2):
+    full.next({"c2w": c2w[:, lo:lo + 2], "intrinsics": k[:, lo:lo + 2]})
+  with pytest.raises(ValueError, match="free cache slots .* bounded memory policy"):
+    full.next({"c2w": c2w[:, 9:11], "intrinsics": k[:, 9:11]})
+
+
 class _SinkAndLastChunk(MemoryPolicy):
   """A new policy as a user would add one: frame 0 and the latest chunk (sized from the rollout's chunks)."""
 

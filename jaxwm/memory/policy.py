@@ -80,10 +80,11 @@ class WindowMemory(MemoryPolicy):
 
   def update(self, frames, c2w, intrinsics):
     self._frames += [int(f) for f in frames]
+    self._frames = self.resident()  # bounded: an unbounded session keeps sink + window frame ids, no more
 
   def resident(self):
     head = self._frames[:self.sink]
-    tail = [f for f in self._frames[self.sink:]][-self.window:]
+    tail = self._frames[self.sink:][-self.window:] if self.window else []
     return head + tail
 
 

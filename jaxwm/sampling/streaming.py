@@ -160,25 +160,33 @@ class StreamingSampler:
     ``slots``: cache slots the commit writes (default: the next ones); ``commit_before(x)``
     runs between denoising and the commit (memory bookkeeping) and may return new ``slots``.
     """
+    x, pos, cams = self.denoise_chunk(cache, key, num_frames, cameras, start)
+    if commit_before is not None:
+      slots = commit_before(x)
+    return x[:self.batch_size], self.commit_chunk(cache, key, x, pos, cams, slots)
+
+  def denoise_chunk(self, cache, key, num_frames, cameras=None, start=None):
+    """The first half of :meth:`generate`: ``(x [rows, n, h, w, C], positions, row cameras)``, cache unchanged."""
     shape = (self.batch_size, num_frames, *self.latent_hw, self.channels)
     z = self._rows(_normal_jit(key, shape))
     start = cache.length.astype(jnp.float32) if start is None else jnp.float32(start)
     pos = jnp.broadcast_to(start + jnp.arange(num_frames, dtype=jnp.float32), (self.rows, num_frames))
     cams = self._cams(cameras)
-    sparse = self.cfg.attention.sparse
     x = _denoise_jit(model=self.model, variables=self.variables, cache=cache, noise=z, frame_pos=pos,
                      schedule=self.schedule, context=self.context, guidance=self.guidance, cameras=cams,
-                     rng=jax.random.fold_in(key, 1) if sparse else None)
-    if commit_before is not None:
-      slots = commit_before(x)
-    cache = _commit_jit(self.model, self.variables, cache, x, pos, self.context, cams,
-                        jax.random.fold_in(key, 2) if sparse else None, slots)
-    return x[:self.batch_size], cache
+                     rng=jax.random.fold_in(key, 1) if self.cfg.attention.sparse else None)
+    return x, pos, cams
 
-  def session(self, first, key, cameras=None):
+  def commit_chunk(self, cache, key, x, pos, cams, slots=None):
+    """The second half of :meth:`generate`: the denoised chunk written into ``slots``; returns the cache."""
+    return _commit_jit(self.model, self.variables, cache, x, pos, self.context, cams,
+                       jax.random.fold_in(key, 2) if self.cfg.attention.sparse else None, slots)
+
+  def session(self, first, key, cameras=None, memory=None, slots=None, keep_frames=True):
     """An interactive :class:`Session` from ``first [B, 1, h, w, C]`` (with its ``cameras``): the user gives
-    each chunk's cameras as they move, not knowing the rest; it yields what :meth:`rollout` yields."""
-    return Session(self, first, key, cameras)
+    each chunk's cameras as they move, not knowing the rest; it yields what :meth:`rollout` yields on the same
+    poses, under any ``memory`` policy (default: the full cache) and for as long as the policy is bounded."""
+    return Session(self, first, key, cameras, memory=memory, slots=slots, keep_frames=keep_frames)
 
   def rollout(self, first, num_frames, chunk_size, key, cameras=None, memory=None, progress=False, callback=None,
               slots=None):
@@ -236,36 +244,99 @@ class StreamingSampler:
     return np.concatenate(out, axis=1)
 
 
+class _PoseLog:
+  """Host poses of the frames so far (first batch row), grown by doubling: ``log["c2w"] [F, 4, 4]``,
+  ``log["intrinsics"] [F, 3, 3]`` float64 views, as :class:`_SlotBook` reads a rollout's trajectory."""
+
+  def __init__(self):
+    self._arrays = {"c2w": np.zeros((16, 4, 4)), "intrinsics": np.zeros((16, 3, 3))}
+    self.n = 0
+
+  def add(self, cameras):
+    c2w, k = np.asarray(cameras.c2w, np.float64)[0], np.asarray(cameras.intrinsics, np.float64)[0]
+    while self.n + len(c2w) > len(self._arrays["c2w"]):
+      self._arrays = {name: np.concatenate([a, np.zeros_like(a)]) for name, a in self._arrays.items()}
+    self._arrays["c2w"][self.n:self.n + len(c2w)] = c2w
+    self._arrays["intrinsics"][self.n:self.n + len(c2w)] = k
+    self.n += len(c2w)
+
+  def __getitem__(self, name):
+    return self._arrays[name][:self.n]
+
+
 class Session:
-  """Interactive streaming with full memory (:meth:`StreamingSampler.session`).
+  """Interactive streaming (:meth:`StreamingSampler.session`) under a memory policy.
 
   ``next(cameras)`` generates the frames of the given cameras (``c2w [B, S, 4, 4]``, ``intrinsics
   [B, S, 3, 3]``, re-anchored on the first frame; ``S`` frames, the chunk size) and returns them as
   host latents ``[B, S, h, w, C]``; chunk ``c`` (from 0) uses noise key ``fold_in(key, c + 1)``, as
-  :meth:`StreamingSampler.rollout` does. ``frames``: every frame so far, ``[B, F, h, w, C]``.
+  :meth:`StreamingSampler.rollout` does, and the policy sees the same frames and poses in the same order,
+  so the frames equal a rollout's on the same poses. A chunk is committed to the cache when the next one's
+  cameras arrive (the policy's look-ahead needs them, as the rollout's has them): the commit's cost moves
+  from the end of one call to the start of the next. Under a bounded policy (``window``, ``landmark``,
+  ``panorama``) a session has no length limit: device memory is the policy's ``slots`` whatever the
+  length. ``frames``: every frame so far ``[B, F, h, w, C]`` (with ``keep_frames``; else the latest chunk).
   """
 
-  def __init__(self, sampler, first, key, cameras=None):
-    self.sampler, self.key = sampler, key
+  def __init__(self, sampler, first, key, cameras=None, memory=None, slots=None, keep_frames=True):
+    from jaxwm.memory import FullMemory  # pylint: disable=g-import-not-at-top
+    self.sampler, self.key, self.keep_frames = sampler, key, keep_frames
+    self.memory = FullMemory(sampler.max_frames) if memory is None else memory
+    slots = self.memory.capacity if slots is None else slots
+    if slots < self.memory.capacity:
+      raise ValueError(f"slots={slots} is below the memory policy's capacity {self.memory.capacity}")
     cameras = Cameras.of(cameras)
+    self.poses = None
     if cameras is not None:
       validate_cameras(cameras.c2w, cameras.intrinsics)
-    self.cache = sampler.start(first, cameras)
+      self.poses = _PoseLog()
+      self.poses.add(cameras)
+    self.book = _SlotBook(self.memory, sampler, self.poses, slots)
+    self.cache = sampler.start(first, cameras, cache=KVCache.empty(sampler.cfg, sampler.rows, slots,
+                                                                   sampler.tokens_per_frame, sampler.cfg.compute_dtype))
+    self.num_frames, self.num_chunks = 1, 0
+    self._pending = [0]  # frames committed but not yet booked (frame 0: booked with the first chunk's look-ahead)
+    self._uncommitted = None  # (frames, x, pos, cams, key) of the latest chunk
     self.chunks = [np.asarray(first)]
 
-  def next(self, cameras=None):
+  def next(self, cameras=None, num_frames=None):
+    """The next chunk's frames for ``cameras`` (or ``num_frames`` frames of a model without cameras)."""
     cameras = Cameras.of(cameras)
     if cameras is not None:
       validate_cameras(cameras.c2w, cameras.intrinsics)
-    num = self.sampler.max_frames - int(self.cache.length)
-    size = self.chunks[-1].shape[1] if cameras is None and len(self.chunks) > 1 else None
-    size = cameras.c2w.shape[1] if cameras is not None else size
-    if size is None or size > num:
-      raise ValueError(f"Session.next: {size} frames do not fit the {num} free cache slots (max_frames="
-                       f"{self.sampler.max_frames}); pass cameras for a chunk, or a larger max_frames")
-    x, self.cache = self.sampler.generate(self.cache, jax.random.fold_in(self.key, len(self.chunks)), size, cameras)
-    self.chunks.append(np.asarray(x))
-    return self.chunks[-1]
+      size = int(cameras.c2w.shape[1])
+    elif self.sampler.cfg.camera_conditioned:
+      raise ValueError("Session.next: this model is camera-conditioned: pass the chunk's cameras")
+    else:
+      size = num_frames if num_frames is not None else (self.chunks[-1].shape[1] if self.num_chunks else None)
+      if size is None:
+        raise ValueError("Session.next: pass num_frames for the first chunk of a model without cameras")
+    if (self.poses is None) != (cameras is None):
+      raise ValueError("Session.next: give cameras for every chunk or for none (as for the first frame)")
+    free = getattr(self.memory, "capacity", None)
+    if self.memory.name == "full" and self.num_frames + size > free:
+      raise ValueError(f"Session.next: {size} frames do not fit the {free - self.num_frames} free cache slots "
+                       f"(max_frames={self.sampler.max_frames}); pass a bounded memory policy (window, landmark, "
+                       "panorama) or a larger max_frames")
+    if self.poses is not None:
+      self.poses.add(cameras)  # the look-ahead of the commit below sees these poses
+    self.book.chunk_size = size
+    if self._pending:  # frame 0
+      self.cache = self.book.after_commit(self.cache, self._pending)
+      self._pending = []
+    if self._uncommitted is not None:
+      frames, x, pos, cams, key = self._uncommitted
+      slots = self.book.before_commit(self.cache, frames)
+      self.cache = self.book.after_commit(self.sampler.commit_chunk(self.cache, key, x, pos, cams, slots), frames)
+    key = jax.random.fold_in(self.key, self.num_chunks + 1)
+    x, pos, cams = self.sampler.denoise_chunk(self.cache, key, size, cameras, start=self.book.num_resident)
+    frames = list(range(self.num_frames, self.num_frames + size))
+    self._uncommitted = (frames, x, pos, cams, key)
+    self.num_frames += size
+    self.num_chunks += 1
+    out = np.asarray(x[:self.sampler.batch_size])
+    self.chunks = self.chunks + [out] if self.keep_frames else [out]
+    return out
 
   @property
   def frames(self):
@@ -277,6 +348,8 @@ class _SlotBook:
   of banked frames that left the device, compact positions of the resident frames."""
 
   def __init__(self, policy, sampler, host_cams, slots, chunk_size=1):
+    """``host_cams``: ``{"c2w": [F, 4, 4], "intrinsics": [F, 3, 3]}`` of the whole trajectory (a rollout) or a
+    :class:`_PoseLog` of the poses so far (a session), or None (a model without cameras)."""
     self.policy, self.sampler, self.cams, self.chunk_size = policy, sampler, host_cams, chunk_size
     self.slot_of, self.host = {}, {}
     self.free = list(range(slots))
