@@ -54,23 +54,32 @@ def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_p
   assert r0["read"] and r1["read"] and not set(r0["read"]) & set(r1["read"])  # each its own share
   np.testing.assert_allclose(r0["history"], r1["history"], rtol=1e-6)  # both report the global loss
 
-  # One process, 8 devices, the same global batches: process 0's rows, then process 1's.
-  config = tiny_config(**OVERRIDES)
-  tr = Trainer(config, tmp_path / "ref", mesh=sh.make_mesh(-1, 1))
+  state, losses = _one_process_reference(OVERRIDES, tmp_path / "ref")
+  np.testing.assert_allclose(r0["history"], losses, rtol=1e-5)
+  _assert_checkpoint_equals(tmp_path / "run", OVERRIDES["train.num_steps"], state)
+
+
+def _one_process_reference(overrides, workdir):
+  """One process, 8 devices, the same global batches (process 0's rows, then process 1's), from step 0:
+  ``(state, losses)``."""
+  config = tiny_config(**overrides)
+  tr = Trainer(config, workdir, mesh=sh.make_mesh(-1, 1))
   per_process = config.data.batch_size // 2
   loaders = [iter(data_lib.make_loader(config.data, config.seed, per_process,
                                        shard=grain.ShardOptions(i, 2, drop_remainder=True))) for i in (0, 1)]
   state, losses = tr.init_state(), []
   with jax.set_mesh(tr.mesh):
-    for _ in range(OVERRIDES["train.num_steps"]):
+    for _ in range(config.train.num_steps):
       parts = [next(it) for it in loaders]
       batch = tr.put_batch({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
       state, m = tr.train_step(state, batch, jax.random.key(config.seed + 1))
       losses.append(float(m["loss"]))
-  np.testing.assert_allclose(r0["history"], losses, rtol=1e-5)
+  return state, losses
 
-  _, _, variables, step = load_model(tmp_path / "run", use_ema=False)
-  assert step == OVERRIDES["train.num_steps"]
+
+def _assert_checkpoint_equals(workdir, steps, state):
+  _, _, variables, step = load_model(workdir, use_ema=False)
+  assert step == steps
   for a, b in zip(jax.tree_util.tree_leaves(variables["params"]), jax.tree_util.tree_leaves(state.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(jnp.asarray(b)), rtol=1e-5, atol=1e-6)
 
@@ -78,9 +87,11 @@ def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_p
 def test_a_killed_process_ends_the_other_within_the_heartbeat_timeout_naming_it_and_the_run_resumes(tmp_path):
   """kill -9 of process 1 mid-training: process 0, waiting in a collective that will never finish, is ended by
   JAX's coordination service within ``train.heartbeat_timeout_s`` (plus start-up slack) with a message naming
-  task 1; the committed checkpoints are intact and the two restarted processes resume from the latest one."""
+  task 1; the committed checkpoints are intact and the two restarted processes resume from the latest one and
+  end equal to an uninterrupted run."""
   heartbeat = 8
-  overrides = {"train.num_steps": 400, "train.ckpt_every": 2, "train.sample_every": 0, "train.async_checkpoint": False,
+  total = 16  # both runs: the cosine schedule spans the same steps
+  overrides = {"train.num_steps": total, "train.ckpt_every": 2, "train.sample_every": 0, "train.async_checkpoint": False,
                "train.heartbeat_timeout_s": heartbeat}
   procs = _start(tmp_path, overrides)
   ckpts = tmp_path / "run" / "checkpoints"
@@ -95,12 +106,16 @@ def test_a_killed_process_ends_the_other_within_the_heartbeat_timeout_naming_it_
   assert procs[0].returncode != 0 and time.monotonic() - t < heartbeat + 20, out[-3000:]
   assert "stopped sending heartbeats" in out and "\n1\n" in out, out[-3000:]  # the unhealthy task: process 1
   last = max(int(d.name) for d in ckpts.iterdir() if d.name.isdigit())
-  assert last >= 4
+  assert 4 <= last < total
 
-  procs = _start(tmp_path, {**overrides, "train.num_steps": last + 2})
+  procs = _start(tmp_path, overrides)
   for p in procs:
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out[-3000:]
   r0 = json.loads((tmp_path / "process_0.json").read_text())
-  assert len(r0["history"]) == 2  # resumed at `last`, not from scratch
-  assert load_model(tmp_path / "run", use_ema=False)[3] == last + 2
+  assert len(r0["history"]) == total - last  # resumed at `last`, not from scratch
+  # Ends where an uninterrupted run ends (state, EMA and each process's data position restored): the same
+  # parameters and last losses as one process fed the same global batches from step 0.
+  state, losses = _one_process_reference(overrides, tmp_path / "ref")
+  np.testing.assert_allclose(r0["history"], losses[last:], rtol=1e-5)
+  _assert_checkpoint_equals(tmp_path / "run", total, state)
