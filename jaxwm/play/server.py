@@ -203,9 +203,14 @@ class App:
         player = walk.player
         try:
           out = await loop.run_in_executor(self.executor, lambda: player.step(keys, drag, back))  # pylint: disable=cell-var-from-loop
-        except ValueError as e:
+        except ValueError as e:  # the full memory is full, ...
           walk.keys, walk.back = (), False
           await self._error(ws, str(e))
+          break
+        except Exception as e:  # pylint: disable=broad-except  (the server stays up; the walk can be reset)
+          log.exception("a chunk failed")
+          walk.keys, walk.back = (), False
+          await self._error(ws, f"generating the chunk failed ({type(e).__name__}: {e}); reset to start again")
           break
         walk.back = out["returning"]
         if walk.record is not None and len(walk.record) < MAX_RECORD:
