@@ -173,6 +173,8 @@ def autoencoder_strides(name):
   (so a command can refuse a frame size first); None for a name that is not built-in (a plug-in)."""
   m = re.fullmatch(r"space_to_depth(?::(\d+))?", str(name))
   if m:
+    if int(m.group(1) or 4) < 1:
+      raise ValueError(f"vae={name!r}: the stride S of space_to_depth:S must be >= 1")
     return int(m.group(1) or 4), 1
   m = re.fullmatch(r"(wan2\.[12])(-tiny)?:.+", str(name))
   if m:

@@ -5,6 +5,7 @@ pair resumes."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -74,7 +75,7 @@ def test_two_processes_train_like_one_survive_a_killed_peer_and_resume(tmp_path)
   from the latest, each process reading its own share of the records, both reporting the global loss, and ends
   equal to one process with 8 devices fed the same global batches from step 0; its checkpoint restores in one
   process."""
-  heartbeat, total = 8, 10  # both runs: the cosine schedule spans the same steps
+  heartbeat, total = 8, 20  # both runs: the cosine schedule spans the same steps
   overrides = {"train.num_steps": total, "train.ckpt_every": 2, "train.sample_every": 0,
                "train.async_checkpoint": False, "train.heartbeat_timeout_s": heartbeat}
   procs = _start(tmp_path, overrides)
@@ -87,8 +88,8 @@ def test_two_processes_train_like_one_survive_a_killed_peer_and_resume(tmp_path)
   t = time.monotonic()
   out, _ = procs[0].communicate(timeout=120)
   procs[1].wait()
-  assert procs[0].returncode != 0 and time.monotonic() - t < heartbeat + 20, out[-3000:]
-  assert "stopped sending heartbeats" in out and "\n1\n" in out, out[-3000:]  # the unhealthy task: process 1
+  assert procs[0].returncode != 0 and time.monotonic() - t < heartbeat + 40, out[-3000:]
+  assert re.search(r"stopped sending heartbeats\)?:?\s*1\b", out), out[-3000:]  # the unhealthy task: process 1
   last = max(int(d.name) for d in ckpts.iterdir() if d.name.isdigit())
   assert 4 <= last < total
 

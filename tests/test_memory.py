@@ -213,6 +213,7 @@ def test_bounded_rollouts_compile_once_and_forget(trajectory):
 def _policies():
   return {"full": FullMemory(SLOTS), "window": WindowMemory(sink=1, window=2),
           "landmark": LandmarkMemory(2, recent=1, retrieved=1, bank_size=2, stride=0.5),
+          "landmark_next": LandmarkMemory(2, recent=1, retrieved=1, bank_size=2, stride=0.5, retrieve_by="next"),
           "panorama": PanoramaMemory((16, 16), bank_size=1, recent=2)}
 
 

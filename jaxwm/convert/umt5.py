@@ -163,8 +163,11 @@ class _TorchFile:
   tensor by tensor with :meth:`get` (bfloat16 kept as ``ml_dtypes.bfloat16``); needs torch."""
 
   def __init__(self, path):
-    import torch  # pylint: disable=g-import-not-at-top
     self.path = str(path)
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise ValueError(f"{self.path}: reading a .pth state dict needs torch (pip install torch)") from None
     try:
       self._sd = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # pylint: disable=broad-except  (torch raises several kinds for a bad file)

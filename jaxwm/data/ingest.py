@@ -482,7 +482,10 @@ def main(argv=None):
   try:
     kw = vars(args).copy()
     check_flags(kw)
-    strides = autoencoder_strides(kw["vae"])
+    try:
+      strides = autoencoder_strides(kw["vae"])
+    except ValueError as e:
+      raise SettingsError(f"--vae={kw['vae']!r}: {' '.join(str(e).split())}") from None
     if strides is not None:  # a built-in VAE: sizes refused before its weights are read
       check_strides(kw, *strides, kw["vae"])
     progress = not kw.pop("no_progress")

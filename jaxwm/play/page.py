@@ -39,7 +39,7 @@ const map = document.getElementById("map"), mctx = map.getContext("2d");
 const $ = (id) => document.getElementById(id);
 const KEYMAP = {w: "w", a: "a", s: "s", d: "d", r: "r", f: "f", ArrowLeft: "left", ArrowRight: "right",
                 ArrowUp: "up", ArrowDown: "down"};
-let ws, held = new Set(), path = [[0, 0]], resident = [], queue = [], times = [], recording = false, imageURL = null;
+let refused = null, ws, held = new Set(), path = [[0, 0]], resident = [], queue = [], times = [], recording = false, imageURL = null;
 function status(t) { $("status").textContent = t; }
 function send(m) { if (ws && ws.readyState === 1) ws.send(JSON.stringify(m)); }
 function sendInput(drag) { send({type: "input", keys: [...held], drag: drag || [0, 0]}); }
@@ -53,7 +53,7 @@ function show(src) { const im = new Image(); im.onload = () => vctx.drawImage(im
 function drawMap() {
   mctx.fillStyle = "#1b1b1b"; mctx.fillRect(0, 0, 256, 256);
   const xs = path.map(p => p[0]), zs = path.map(p => p[1]);
-  const span = Math.max(1e-3, ...xs.map(Math.abs), ...zs.map(Math.abs)) * 1.2;
+  const span = Math.max(1e-3, xs.concat(zs).reduce((a, v) => Math.max(a, Math.abs(v)), 0)) * 1.2;
   const px = (p) => [128 + 120 * p[0] / span, 128 - 120 * p[1] / span];
   mctx.strokeStyle = "#888"; mctx.beginPath();
   path.forEach((p, i) => { const [x, y] = px(p); i ? mctx.lineTo(x, y) : mctx.moveTo(x, y); }); mctx.stroke();
@@ -71,7 +71,8 @@ function connect() {
       $("steps").value = m.steps; $("clip").max = m.clips - 1; start();
     } else if (m.type === "started") { show(m.first); status(`ready: ${m.memory} memory, ${m.steps} steps`); }
     else if (m.type === "chunk") {
-      queue.push(...m.frames); path.push(...m.path); resident = m.resident; drawMap();
+      queue.push(...m.frames); if (queue.length > 32) queue.splice(0, queue.length - 32);  // never lag behind
+      path.push(...m.path); resident = m.resident; drawMap();
       const now = performance.now(); times.push([now, m.frames.length]); times = times.filter(t => now - t[0] < 5000);
       const n = times.reduce((a, t) => a + t[1], 0), dt = (now - times[0][0]) / 1000;
       $("stats").textContent = `fps ${dt > 0 ? (n / dt).toFixed(1) : "-"}, latency ${(1000 * m.latency_s).toFixed(0)} ms` +
@@ -80,17 +81,21 @@ function connect() {
     } else if (m.type === "recording") {
       status(`recorded ${m.frames} frames`); const a = document.createElement("a"); a.href = m.url;
       a.download = ""; document.body.appendChild(a); a.click(); a.remove();
-    } else if (m.type === "error" || m.type === "refused") { status(m.message || m.reason); }
+    } else if (m.type === "error") { status(m.message); }
+    else if (m.type === "refused") { refused = m.reason; status(m.reason); }
   };
-  ws.onclose = () => status("disconnected: reload the page");
+  ws.onclose = () => status(refused || "disconnected: reload the page");
 }
 document.addEventListener("keydown", (e) => {
   if (e.target.tagName === "INPUT") return;
   if (e.key === "b") { send({type: "back"}); return; }
-  const k = KEYMAP[e.key]; if (!k) return; e.preventDefault();
+  const k = KEYMAP[e.key] || KEYMAP[e.key.toLowerCase()]; if (!k) return; e.preventDefault();
   if (!held.has(k)) { held.add(k); sendInput(); }
 });
-document.addEventListener("keyup", (e) => { const k = KEYMAP[e.key]; if (k && held.delete(k)) sendInput(); });
+document.addEventListener("keyup", (e) => {
+  const k = KEYMAP[e.key] || KEYMAP[e.key.toLowerCase()]; if (k && held.delete(k)) sendInput();
+});
+window.addEventListener("blur", () => { if (held.size) { held.clear(); sendInput(); } });  // no stuck keys
 let last = null;
 view.addEventListener("mousedown", (e) => { last = [e.clientX, e.clientY]; });
 window.addEventListener("mouseup", () => { last = null; });

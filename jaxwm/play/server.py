@@ -55,8 +55,11 @@ def _image(data_url):
   from PIL import Image  # pylint: disable=g-import-not-at-top
   if not isinstance(data_url, str) or "," not in data_url:
     raise ValueError("image: must be a data URL")
-  im = Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1], validate=True)))
-  return np.asarray(im.convert("RGB"))
+  try:
+    im = Image.open(io.BytesIO(base64.b64decode(data_url.split(",", 1)[1], validate=True)))
+    return np.asarray(im.convert("RGB"))
+  except Exception as e:  # pylint: disable=broad-except  (PIL raises several kinds for a non-image)
+    raise ValueError(f"image: not a readable image ({type(e).__name__})") from None
 
 
 class _Walk:
@@ -125,6 +128,9 @@ class App:
           await self._handle(ws, walk, json.loads(msg.data))
         except (ValueError, TypeError, KeyError) as e:
           await self._error(ws, " ".join(str(e).split()))
+        except Exception as e:  # pylint: disable=broad-except  (an unreadable upload, a failed write: the walk goes on)
+          log.exception("a message failed")
+          await self._error(ws, f"{type(e).__name__}: {' '.join(str(e).split())}")
     finally:
       runner.cancel()
       self.walks.discard(walk)
@@ -199,7 +205,7 @@ class App:
       walk.wake.clear()
       while walk.player is not None and not ws.closed and (walk.keys or any(walk.drag) or walk.back):
         keys, drag, back = walk.keys, walk.drag, walk.back
-        walk.drag = [0.0, 0.0]
+        walk.drag, walk.back = [0.0, 0.0], False
         player = walk.player
         try:
           out = await loop.run_in_executor(self.executor, lambda: player.step(keys, drag, back))  # pylint: disable=cell-var-from-loop
@@ -212,11 +218,11 @@ class App:
           walk.keys, walk.back = (), False
           await self._error(ws, f"generating the chunk failed ({type(e).__name__}: {e}); reset to start again")
           break
-        walk.back = out["returning"]
-        if walk.record is not None and len(walk.record) < MAX_RECORD:
-          walk.record.extend(out["frames"])
         if ws.closed or player is not walk.player:
           break  # closed or reset mid-chunk: the chunk is dropped
+        walk.back = walk.back or out["returning"]  # a "back" that arrived meanwhile is kept
+        if walk.record is not None and len(walk.record) < MAX_RECORD:
+          walk.record.extend(out["frames"])
         await ws.send_json({"type": "chunk", "frames": [_png(f) for f in out["frames"]],
                             "latency_s": out["latency_s"], "path": out["path"], "resident": out["resident"],
                             "frame": out["frame"], "returning": out["returning"],

@@ -326,10 +326,16 @@ class Session:
       self._pending = []
     if self._uncommitted is not None:
       frames, x, pos, cams, key = self._uncommitted
+      self._uncommitted = None
       slots = self.book.before_commit(self.cache, frames)
       self.cache = self.book.after_commit(self.sampler.commit_chunk(self.cache, key, x, pos, cams, slots), frames)
     key = jax.random.fold_in(self.key, self.num_chunks + 1)
-    x, pos, cams = self.sampler.denoise_chunk(self.cache, key, size, cameras, start=self.book.num_resident)
+    try:
+      x, pos, cams = self.sampler.denoise_chunk(self.cache, key, size, cameras, start=self.book.num_resident)
+    except Exception:
+      if self.poses is not None:  # this chunk never happened: a retry starts from the same state
+        self.poses.n -= size
+      raise
     frames = list(range(self.num_frames, self.num_frames + size))
     self._uncommitted = (frames, x, pos, cams, key)
     self.num_frames += size
