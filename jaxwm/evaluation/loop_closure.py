@@ -226,6 +226,8 @@ def _check_args(a):
   """The checks across flags (each flag's own ran when parsing), before any checkpoint is read; returns
   ``(memories, memory_kwargs, selections, top_ks)``."""
   memories = a.memory
+  if not memories:
+    raise refuse("--memory", "", "must name at least one memory policy")
   try:
     memory_kwargs = json.loads(a.memory_kwargs)
   except json.JSONDecodeError as e:

@@ -41,6 +41,7 @@ from jaxwm.utils.cli import run as run_cli
 log = logging.getLogger("jaxwm.play")
 MAX_MESSAGE = 4 << 20  # bytes: an uploaded first frame fits
 MAX_RECORD = 3000  # frames kept for one recording
+MAX_RECORDINGS = 20  # recordings kept for download
 NUM_CLIPS = 35
 
 
@@ -195,6 +196,9 @@ class App:
     path = self.out_dir / name
     write_video(path, np.stack(frames), fps=8, scale=max(1, 256 // self.model.image_size))
     self.recordings[name] = path
+    while len(self.recordings) > MAX_RECORDINGS:  # the oldest go: a long-running server keeps a bounded folder
+      old = self.recordings.pop(next(iter(self.recordings)))
+      old.unlink(missing_ok=True)
     return f"/recording/{name}"
 
   async def _generate(self, ws, walk):

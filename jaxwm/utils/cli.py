@@ -81,12 +81,14 @@ class IsDir:
 
 
 class CommaList:
-  """``a,b,c`` -> a list, each item cast by ``cast`` and checked by ``each``."""
+  """``a,b,c`` -> a list, each item cast by ``cast`` and checked by ``each``; an empty string -> None."""
 
   def __init__(self, each, cast=str):
     self.each, self.cast = each, cast
 
   def __call__(self, key, v):
+    if not v.strip():
+      return None  # an empty flag: as if not given
     try:
       items = [self.cast(x.strip()) for x in v.split(",")]
     except ValueError:
