@@ -8,6 +8,7 @@ import pytest
 
 from jaxwm import encoders
 from jaxwm.data import ingest as ing
+from jaxwm.data import records
 from jaxwm.data.procedural import make_clip, make_scene, render
 from jaxwm.data.records import LatentWindow, RecordClips, decode_record, encode_record
 from jaxwm.data.video import adjust_intrinsics, read_video, resample_indices, resize_center_crop, write_mp4
@@ -265,3 +266,28 @@ def test_plug_in_encoders_load_from_a_file(tmp_path):
     ing.make_text_encoder(f"{plugin}:wrong")
   with pytest.raises(ing.SettingsError, match=r"--vae=.*the factory must return a LatentEncoder"):
     ing.make_encoder(f"{plugin}:wrong")
+
+
+def test_a_damaged_shard_is_named(inputs, tmp_path):
+  """A shard that became unreadable after ingestion (a bad disk, a partial copy): opening the dataset raises one
+  line naming the shard file, not an anonymous decoder error. (A record that fails to decode later is named
+  with its shard and position the same way.)"""
+  _ingest(inputs, tmp_path / "ds", clip_frames=5, stride=2, shard_size=2)
+  src = RecordClips(tmp_path / "ds")
+  good = [src[i] for i in range(len(src))]
+  manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+  shards = [sh for sh in manifest["shards"] if sh["split"] == "train"]
+  last = len(src) - 1  # the last record: the last shard's last one
+  real = src._source  # pylint: disable=protected-access
+  src._source = {**{i: real[i] for i in range(last)}, last: b"not a record"}  # pylint: disable=protected-access
+  with pytest.raises(records.DamagedRecordError,
+                     match=rf"record {last} of split 'train', shard {shards[-1]['file']} \(record "
+                           rf"{shards[-1]['num_clips'] - 1} of it\), is unreadable"):
+    src[last]
+  shard = sorted((tmp_path / "ds").glob("train-*"))[-1]
+  data = bytearray(shard.read_bytes())
+  data[16:len(data) - 64] = bytes(len(data) - 80)  # the records' bytes zeroed, the footer kept
+  shard.write_bytes(bytes(data))
+  with pytest.raises(records.DamagedRecordError, match=rf"shard {shard.name} of split 'train' cannot be opened"):
+    RecordClips(tmp_path / "ds")
+  assert len(good) >= 2

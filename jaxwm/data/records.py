@@ -73,6 +73,18 @@ def read_manifest(directory):
   return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _opens(path):
+  try:
+    grain.ArrayRecordDataSource([str(path)])
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+class DamagedRecordError(ValueError):
+  """A record or shard of an ingested dataset that cannot be read: the message names the shard file."""
+
+
 class RecordClips:
   """Grain random-access source over the finished shards of one split of an ingested dataset.
 
@@ -91,7 +103,15 @@ class RecordClips:
       raise ValueError(f"{self.directory} has no finished shards of split {split!r}; it has {splits}")
     self.settings = manifest["settings"]
     self.latent_shape = tuple(manifest["latent_shape"])
-    self._source = grain.ArrayRecordDataSource([str(self.directory / f) for f in shards])
+    self._shards = shards
+    self._starts = np.cumsum([0] + [s["num_clips"] for s in manifest["shards"] if s["split"] == split])
+    try:
+      self._source = grain.ArrayRecordDataSource([str(self.directory / f) for f in shards])
+    except Exception as e:  # pylint: disable=broad-except  (array_record raises its runtime's errors)
+      bad = next((f for f in shards if not _opens(self.directory / f)), "one of its shards")
+      raise DamagedRecordError(f"{self.directory}: shard {bad} of split {split!r} cannot be opened "
+                               f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); re-ingest that shard or "
+                               "remove it from manifest.json") from None
 
   def null_text(self):
     """The empty prompt's embedding ``[L, D]`` (None without a text encoder)."""
@@ -102,7 +122,15 @@ class RecordClips:
     return len(self._source)
 
   def __getitem__(self, index):
-    return decode_record(self._source[index])
+    try:
+      return decode_record(self._source[index])
+    except Exception as e:  # pylint: disable=broad-except  (array_record and numpy raise several kinds)
+      shard = int(np.searchsorted(self._starts, int(index), side="right")) - 1
+      where = (f"shard {self._shards[shard]} (record {int(index) - int(self._starts[shard])} of it)"
+               if 0 <= shard < len(self._shards) else "no shard")
+      raise DamagedRecordError(f"{self.directory}: record {int(index)} of split {self.split!r}, {where}, is "
+                               f"unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]}); re-ingest "
+                               "that shard or remove it from manifest.json") from None
 
   def __repr__(self):
     return f"RecordClips({str(self.directory)!r}, split={self.split!r}, num_clips={len(self)})"
