@@ -163,6 +163,7 @@ def test_console_scripts_are_installed():
   scripts = {e.name: e.value for e in importlib.metadata.entry_points(group="console_scripts")}
   assert scripts.get("jaxwm-train") == "jaxwm.cli.train:main"
   assert scripts.get("jaxwm-sample") == "jaxwm.cli.sample:main"
+  assert scripts.get("jaxwm-play") == "jaxwm.play.server:main"
 
 
 def test_console_scripts_run_outside_a_checkout(tmp_path):
@@ -172,6 +173,11 @@ def test_console_scripts_run_outside_a_checkout(tmp_path):
   assert r.returncode == 0 and "--config" in r.stdout and "jaxwm-train" in r.stdout, r.stderr
   r = run(_script("jaxwm-sample"), "--help")
   assert r.returncode == 0 and "--workdir" in r.stdout, r.stderr
+  r = run(_script("jaxwm-play"), "--help")
+  assert r.returncode == 0 and "--memory" in r.stdout and "--max-sessions" in r.stdout, r.stderr
+  r = run(_script("jaxwm-play"), "--workdir", "nothing_here")
+  assert r.returncode == 2 and r.stderr.strip() == ("jaxwm-play: --workdir='nothing_here': no such directory (a "
+                                                    "training workdir or checkpoint directory)"), r.stderr
   # configs/tiny.py is the packaged config here (no such file in tmp_path): loaded, then a bad value refused
   r = run(_script("jaxwm-train"), "--config", "configs/tiny.py", "--config.optim.lr=-1", "--workdir=w")
   assert r.returncode == 2, r.stderr
