@@ -3,7 +3,8 @@
 Trains the tiny test config with ``jaxwm.training.loop.run`` as process ``<process_id>`` of a 2-process
 run on localhost (4 CPU devices each; ``run`` joins it from ``JAX_COORDINATOR_ADDRESS``,
 ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``, with gloo collectives) and writes its loss history and the
-indices of the records it read to ``<workdir>/process_<id>.json``.
+indices of the records it read to ``<workdir>/process_<id>.json``; stopped by a signal (to either process), it
+records the agreed step instead and exits with code 75, as ``train.py``.
 """
 
 import json
@@ -20,8 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 
 from conftest import tiny_config  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxwm.evaluation.hooks import training_hooks  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxwm.training import data as data_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxwm.training.loop import run  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxwm.training.runner import STOPPED_EXIT_CODE, StopRequested  # noqa: E402  pylint: disable=g-import-not-at-top
 
 config = tiny_config(**json.loads(os.environ["JAXWM_TEST_OVERRIDES"]))
 read = []
@@ -46,7 +49,11 @@ class _Recording:
 
 
 data_lib.make_source = lambda *a, **kw: _Recording(make_source(*a, **kw))
-_, history = run(config, os.path.join(workdir, "run"), progress=False)
+try:
+  _, history = run(config, os.path.join(workdir, "run"), progress=False, hooks=training_hooks(config))
+  report, code = {"history": history}, 0
+except StopRequested as e:  # as train.py: the agreed step is committed; exit 75
+  report, code = {"stopped": e.step, "signal": e.signame}, STOPPED_EXIT_CODE
 with open(os.path.join(workdir, f"process_{pid}.json"), "w", encoding="utf-8") as f:
-  json.dump({"history": history, "read": read, "devices": jax.local_device_count(),
-             "processes": jax.process_count()}, f)
+  json.dump({**report, "read": read, "devices": jax.local_device_count(), "processes": jax.process_count()}, f)
+sys.exit(code)

@@ -1,7 +1,7 @@
 """Multi-process training: 2 processes x 4 CPU devices (``jax.distributed`` on localhost, gloo) train
 like one process with 8 devices fed the same global batches, each process reads its own share of the
-data, the checkpoint they write restores in one process, and a killed process ends the other and the restarted
-pair resumes."""
+data, the checkpoint they write restores in one process, a SIGTERM to one stops both at one committed step, a
+killed process ends the other, the restarted pair resumes, and periodic samples and probes finish (no hang)."""
 
 import json
 import os
@@ -44,10 +44,10 @@ def _start(tmp_path, overrides):
 
 
 def _one_process_reference(overrides, workdir):
-  """One process, 8 devices, the same global batches (process 0's rows, then process 1's), from step 0:
+  """One process, 8 devices (the same FSDP mesh), the same global batches (process 0's rows, then process 1's), from step 0:
   ``(state, losses)``."""
   config = tiny_config(**overrides)
-  tr = Trainer(config, workdir, mesh=sh.make_mesh(-1, 1))
+  tr = Trainer(config, workdir, mesh=sh.make_mesh(1, -1))
   per_process = config.data.batch_size // 2
   loaders = [iter(data_lib.make_loader(config.data, config.seed, per_process,
                                        shard=grain.ShardOptions(i, 2, drop_remainder=True))) for i in (0, 1)]
@@ -69,31 +69,49 @@ def _assert_checkpoint_equals(workdir, steps, state):
 
 
 def test_two_processes_train_like_one_survive_a_killed_peer_and_resume(tmp_path):
-  """Two processes x 4 devices, one shared setup for every multi-process property (each launch costs ~30 s):
-  kill -9 of process 1 mid-training ends process 0 within ``train.heartbeat_timeout_s`` (plus start-up slack),
-  JAX's coordination service naming task 1; the committed checkpoints are intact; the restarted pair resumes
-  from the latest, each process reading its own share of the records, both reporting the global loss, and ends
-  equal to one process with 8 devices fed the same global batches from step 0; its checkpoint restores in one
-  process."""
+  """Two processes x 4 devices, parameters FSDP-sharded over all 8 (so any computation needs both processes),
+  one shared setup for every multi-process property (each launch costs ~30 s): SIGTERM to process 1 alone stops
+  both at one agreed step, committed, with exit code 75; the pair resumes from it; kill -9 of process 1
+  mid-training ends process 0 within ``train.heartbeat_timeout_s`` (plus start-up slack), JAX's coordination
+  service naming task 1; the committed checkpoints are intact; the restarted pair resumes from the latest, each
+  process reading its own share of the records, both reporting the global loss, streams the sample the first run
+  missed and one every 2 steps and runs the probes (no hang: every process takes part), and ends equal to one
+  process with 8 devices fed the same global batches from step 0; its checkpoint restores in one process."""
   heartbeat, total = 8, 20  # both runs: the cosine schedule spans the same steps
   overrides = {"train.num_steps": total, "train.ckpt_every": 2, "train.sample_every": 0,
-               "train.async_checkpoint": False, "train.heartbeat_timeout_s": heartbeat}
-  procs = _start(tmp_path, overrides)
+               "train.async_checkpoint": False, "train.heartbeat_timeout_s": heartbeat, "mesh.data": 1,
+               "mesh.fsdp": -1}
   ckpts = tmp_path / "run" / "checkpoints"
-  deadline = time.monotonic() + 240
-  while not (ckpts / "4").is_dir():
-    assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[0][-3000:]
-    time.sleep(0.2)
+  steps = lambda: sorted(int(d.name) for d in ckpts.iterdir() if d.name.isdigit()) if ckpts.is_dir() else []
+
+  def wait_for_step_above(procs, step):
+    deadline = time.monotonic() + 240
+    while not steps() or steps()[-1] <= step:
+      assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[0][-3000:]
+      time.sleep(0.2)
+
+  procs = _start(tmp_path, overrides)  # a preemption: SIGTERM to process 1 alone
+  wait_for_step_above(procs, 3)
+  procs[1].send_signal(signal.SIGTERM)
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert [p.returncode for p in procs] == [75, 75], outs[0][-3000:] + outs[1][-3000:]
+  r0, r1 = (json.loads((tmp_path / f"process_{i}.json").read_text()) for i in (0, 1))
+  stopped = r0["stopped"]
+  assert r1["stopped"] == stopped and (r0["signal"], r1["signal"]) == ("a signal to another process", "SIGTERM")
+  assert 4 <= stopped < total and steps()[-1] == stopped  # both stopped at one agreed step, committed
+
+  procs = _start(tmp_path, overrides)  # resumes from `stopped`; a lost host: kill -9 of process 1
+  wait_for_step_above(procs, stopped)
   procs[1].send_signal(signal.SIGKILL)
   t = time.monotonic()
   out, _ = procs[0].communicate(timeout=120)
   procs[1].wait()
   assert procs[0].returncode != 0 and time.monotonic() - t < heartbeat + 40, out[-3000:]
   assert re.search(r"stopped sending heartbeats\)?:?\s*1\b", out), out[-3000:]  # the unhealthy task: process 1
-  last = max(int(d.name) for d in ckpts.iterdir() if d.name.isdigit())
-  assert 4 <= last < total
+  last = steps()[-1]
+  assert stopped < last < total
 
-  procs = _start(tmp_path, overrides)
+  procs = _start(tmp_path, {**overrides, "train.sample_every": 2, "train.gain_every": total})
   for p in procs:
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out[-3000:]
@@ -102,6 +120,10 @@ def test_two_processes_train_like_one_survive_a_killed_peer_and_resume(tmp_path)
   assert len(r0["history"]) == total - last  # resumed at `last`, not from scratch
   assert r0["read"] and r1["read"] and not set(r0["read"]) & set(r1["read"])  # each its own share
   np.testing.assert_allclose(r0["history"], r1["history"], rtol=1e-6)  # both report the global loss
+  samples = sorted(int(g.stem.split("_")[1]) for g in (tmp_path / "run" / "samples").glob("step_*.gif"))
+  assert samples == list(range(last, total + 1, 2)), samples  # `last`: the sample the killed run missed
+  probes = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+  assert probes["step"] == total and np.isfinite(probes["gain_1"]) and np.isfinite(probes["covis_tf_0.5"]), probes
   state, losses = _one_process_reference(overrides, tmp_path / "ref")
   np.testing.assert_allclose(r0["history"], losses[last:], rtol=1e-5)
   _assert_checkpoint_equals(tmp_path / "run", total, state)

@@ -10,6 +10,7 @@
 """
 
 import jax
+import numpy as np
 
 from jaxwm.training.runner import Hook, due
 from jaxwm.training.writers import say
@@ -49,12 +50,23 @@ def write_sample(trainer, params, step, path):
   from jaxwm.utils.media import labelled, pose_captions, write_video  # pylint: disable=g-import-not-at-top
   clip = eval_clip(trainer.config, 0)
   frames = stream_clip(trainer.model, {"params": params}, trainer.config, clip, key=jax.random.key(step))
+  if jax.process_index():  # every process streams (sharded parameters need them all); process 0 writes
+    return
   write_video(path, labelled({"ground truth": clip["frames"], f"generated (step {step})": frames},
                              pose_captions(clip["c2w"]), scale=4), fps=4)
 
 
+def _exists_on_process_0(path):
+  """Whether ``path`` exists, as process 0 sees it (every process must agree to stream together)."""
+  here = path.exists() if jax.process_index() == 0 else False
+  if jax.process_count() == 1:
+    return here
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(here)))
+
+
 class SampleHook(Hook):
-  """A sample GIF every ``every`` steps and at the last (process 0)."""
+  """A sample GIF every ``every`` steps and at the last: every process streams it, process 0 writes it."""
 
   def __init__(self, every):
     self.every = int(every)
@@ -63,14 +75,14 @@ class SampleHook(Hook):
     return task.workdir / "samples" / f"step_{step:06d}.gif"
 
   def on_start(self, task, state, start):
-    if start and jax.process_index() == 0 and due(start, self.every, task.num_steps):
+    if start and due(start, self.every, task.num_steps):
       path = self._path(task, start)
-      if not path.exists():
+      if not _exists_on_process_0(path):
         say(f"writing {path}: the sample of step {start}, missed by the previous run")
         write_sample(task.trainer, state.params, start, path)
 
   def after_save(self, task, state, done):
-    if jax.process_index() == 0 and due(done, self.every, task.num_steps):
+    if due(done, self.every, task.num_steps):
       write_sample(task.trainer, state.params, done, self._path(task, done))
 
 
