@@ -9,6 +9,7 @@ sequence give the same frames.
 """
 
 import dataclasses
+import math
 import time
 
 import jax
@@ -98,7 +99,7 @@ class Player:
     """The next chunk: ``{"frames": uint8 [n, S, S, 3], "latency_s", "path": the chunk's ``[[x, z], ...]`` (top
     down), "resident": frame
     indices the memory keeps, "frame": index of the chunk's last frame, "returning": whether the way back
-    goes on}``."""
+    goes on, "pose": :func:`pose_summary` of the chunk's last camera}``."""
     n = self.m.chunk
     left = self.room_left()
     if left is not None and left < n:
@@ -120,7 +121,16 @@ class Player:
     self.pose = c2w[-1]
     return {"frames": frames, "latency_s": latency, "path": [[float(p[0, 3]), float(p[2, 3])] for p in c2w],
             "resident": [int(f) for f in self.policy.resident()], "frame": self.num_frames - 1,
-            "returning": bool(self._back)}
+            "returning": bool(self._back), "pose": pose_summary(self.pose)}
+
+
+def pose_summary(c2w):
+  """What the page shows of a camera-to-world pose (OpenCV: x right, y down, z forward): ``{"xyz": [x, y, z],
+  "yaw": degrees of the view direction from +z towards +x, "pitch": degrees above the horizon (towards -y)}``."""
+  c2w = np.asarray(c2w, np.float64)
+  fx, fy, fz = c2w[:3, 2]
+  return {"xyz": [round(float(v), 4) for v in c2w[:3, 3]], "yaw": round(math.degrees(math.atan2(fx, fz)), 3),
+          "pitch": round(math.degrees(math.atan2(-fy, math.hypot(fx, fz))), 3)}
 
 
 def _angle(c2w):

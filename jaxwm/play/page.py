@@ -9,7 +9,7 @@ PAGE = r"""<!doctype html>
  #map { width: 256px; height: 256px; background: #1b1b1b; border: 1px solid #444; }
  .panel { display: flex; flex-direction: column; gap: 8px; }
  button, select, input { font: inherit; }
- #stats { font-variant-numeric: tabular-nums; }
+ #stats, #pose { font-variant-numeric: tabular-nums; }
  #status { color: #fc6; min-height: 1.2em; }
  kbd { border: 1px solid #666; border-radius: 3px; padding: 0 4px; }
 </style></head><body>
@@ -18,6 +18,7 @@ PAGE = r"""<!doctype html>
  <canvas id="view" width="512" height="512"></canvas>
  <div class="panel">
   <div id="stats">fps -, latency - ms, frame 0</div>
+  <div id="pose">x 0.00 y 0.00 z 0.00, yaw 0.0&deg;, pitch 0.0&deg;</div>
   <canvas id="map" width="256" height="256"></canvas>
   <div>map: path (grey), frames in memory (green), camera (white)</div>
   <label>first frame: eval scene <input id="clip" type="number" min="0" value="0" style="width:4em"></label>
@@ -77,6 +78,10 @@ function connect() {
       const n = times.reduce((a, t) => a + t[1], 0), dt = (now - times[0][0]) / 1000;
       $("stats").textContent = `fps ${dt > 0 ? (n / dt).toFixed(1) : "-"}, latency ${(1000 * m.latency_s).toFixed(0)} ms` +
         ` per chunk, frame ${m.frame}` + (m.room_left === null ? "" : `, ${m.room_left} frames left in memory`);
+      const [x, y, z] = m.pose.xyz;
+      $("pose").textContent = `x ${x.toFixed(2)} y ${y.toFixed(2)} z ${z.toFixed(2)}, ` +
+        `yaw ${m.pose.yaw.toFixed(1)}\u00b0, pitch ${m.pose.pitch.toFixed(1)}\u00b0`;
+      $("pose").dataset.pose = JSON.stringify(m.pose);
       status(m.returning ? "flying back ..." : "");
     } else if (m.type === "recording") {
       status(`recorded ${m.frames} frames`); const a = document.createElement("a"); a.href = m.url;

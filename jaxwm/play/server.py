@@ -229,7 +229,7 @@ class App:
           walk.record.extend(out["frames"])
         await ws.send_json({"type": "chunk", "frames": [_png(f) for f in out["frames"]],
                             "latency_s": out["latency_s"], "path": out["path"], "resident": out["resident"],
-                            "frame": out["frame"], "returning": out["returning"],
+                            "frame": out["frame"], "returning": out["returning"], "pose": out["pose"],
                             "room_left": player.room_left()})
 
 
