@@ -83,3 +83,43 @@ def test_ingest_train_sample_mp4(dataset, tmp_path):
   assert n == 17  # 1 + 4 x 4 frames: the first latent frame alone, then 4 frames per latent frame
   report = json.loads(out.with_suffix(".json").read_text())
   assert report["vae"] == VAE and report["prompt"] == "a room with a ball" and report["frames"] == 5
+  _check_viewer(work, first)
+
+
+def _check_viewer(work, image):
+  """The viewer on the records-trained model: a prompt, frames decoded by the VAE chunk by chunk (4 video frames
+  per latent frame), equal to ``stream_video`` (sample.py's path) on the same poses, memory, key and prompt."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
+  from jaxwm.play.engine import Model, Player, first_frame  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.controls import Controls  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.load import load_model  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.video import stream_video  # pylint: disable=g-import-not-at-top
+  config, m, variables, step = load_model(work)
+  chunk = config.recipe.chunk_size
+  n = 1 + 2 * chunk
+  model = Model(config, m, variables, step, max_frames=n)
+  assert model.latent and model.text and model.frame_hw == HW
+  first, k = first_frame(model, image=np.asarray(image))
+  assert first.shape == (*HW, 3) and first_frame(model, 1)[0].shape == (*HW, 3)
+  controls = Controls(speed=0.1, turn=10.0)
+  player = Player(model, first, k, memory="full", steps=2, controls=controls, prompt="a room with a ball")
+  moves = [(["w", "right"], (0.0, 0.0)), ([], (20.0, -4.0))]
+  frames, poses, pose = [], [np.eye(4)], np.eye(4)
+  for keys, drag in moves:
+    out = player.step(keys, drag)
+    assert out["frames"].shape == (4 * chunk, *HW, 3) and out["frames"].dtype == np.uint8
+    frames.append(out["frames"])
+    c2w = controls.chunk(pose, chunk, keys, drag)
+    poses.extend(c2w)
+    pose = c2w[-1]
+  np.testing.assert_allclose(player.pose, pose)
+  with pytest.raises(ValueError, match="full memory is full"):
+    player.step(["w"])
+  context, null = model.text_contexts("a room with a ball")
+  cams = {"c2w": np.stack(poses), "intrinsics": np.tile(k, (n, 1, 1))}
+  _, video = stream_video(m, variables, config, first, cams, key=jax.random.key(0), num_frames=n,
+                          autoencoder=model.autoencoder, context=context, null_context=null,
+                          guidance=float(config.sample.guidance), num_steps=2,
+                          memory=make_policy("full", max_frames=n, chunk_frames=chunk, image_hw=HW))
+  np.testing.assert_array_equal(np.concatenate(frames), video[1:])

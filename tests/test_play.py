@@ -35,7 +35,7 @@ def test_a_walk_is_deterministic_and_flies_back_to_frame_0(model):
     out = [p.step(["w", "right"])["frames"], p.step([], drag=(30.0, -5.0))["frames"]]
     runs.append(np.concatenate(out))
   np.testing.assert_array_equal(runs[0], runs[1])
-  assert runs[0].shape == (2 * model.chunk, model.image_size, model.image_size, 3) and runs[0].dtype == np.uint8
+  assert runs[0].shape == (2 * model.chunk, *model.frame_hw, 3) and runs[0].dtype == np.uint8
   back = p.step(back=True)
   while back["returning"]:
     back = p.step()
@@ -50,9 +50,13 @@ def test_a_walk_is_deterministic_and_flies_back_to_frame_0(model):
     Player(model, first, k, memory="lru")
   with pytest.raises(ValueError, match="steps=0"):
     Player(model, first, k, steps=0)
+  with pytest.raises(ValueError, match="no text conditioning"):
+    Player(model, first, k, prompt="a red room")
+  with pytest.raises(ValueError, match=r"first frame is \(8, 8, 3\)"):
+    Player(model, first[:8, :8], k)
   img = np.zeros((40, 60, 3), np.uint8)
   img[:, 30:] = 255
-  assert first_frame(model, image=img)[0].shape == (model.image_size, model.image_size, 3)
+  assert first_frame(model, image=img)[0].shape == (*model.frame_hw, 3)
 
 
 def _png_shape(url):
@@ -88,7 +92,7 @@ def test_the_server_streams_refuses_and_survives(model, tmp_path):
       await ws.send_json({"type": "input", "keys": ["w"], "drag": [3, 0]})
       chunk = await _receive(ws, "chunk")
       assert len(chunk["frames"]) == model.chunk and len(chunk["path"]) == model.chunk
-      assert _png_shape(chunk["frames"][0]) == (model.image_size, model.image_size, 3)
+      assert _png_shape(chunk["frames"][0]) == (*model.frame_hw, 3)
       for _ in range(5):  # held keys and drags while a chunk generates: merged, not queued
         await ws.send_json({"type": "input", "keys": ["w", "left"], "drag": [1, 1]})
       await ws.send_json({"type": "input", "keys": []})

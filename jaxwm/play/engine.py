@@ -17,69 +17,133 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.memory import POLICIES, make_policy
-from jaxwm.models import vae
-from jaxwm.sampling.clips import eval_clip, make_sampler
+from jaxwm.sampling.clips import eval_clip
 from jaxwm.sampling.controls import Controls, return_path
+from jaxwm.sampling.streaming import StreamingSampler
 
 MAX_STEPS = 50
+MAX_PROMPT = 1000  # characters
 
 
 @dataclasses.dataclass
 class Model:
-  """A restored checkpoint (:func:`jaxwm.sampling.load.load_model`) and what the viewer needs of it."""
+  """A restored checkpoint (:func:`jaxwm.sampling.load.load_model`) and what the viewer needs of it: its
+  autoencoder (``data.vae``: the lossless space-to-depth of procedural-scene models, or the video VAE a
+  records-trained model's latents came from, decoded chunk by chunk as they stream), its frame size (the
+  procedural ``data.image_size``, or the ingested dataset's from its manifest) and, for a text-conditioned model,
+  its text encoder (``data.text_encoder``, loaded at the first prompt)."""
   config: object
   model: object
   variables: object
   step: int
   max_frames: int = 65  # the full memory's capacity (a walk under it ends there)
 
+  def __post_init__(self):
+    from jaxwm.data.sources import data_of  # pylint: disable=g-import-not-at-top
+    from jaxwm.encoders import make_autoencoder  # pylint: disable=g-import-not-at-top
+    self.autoencoder = make_autoencoder(data_of(self.config.data).autoencoder)
+    self.frame_hw = _frame_hw(self.config, self.autoencoder)
+    self._text = None
+
   @property
-  def image_size(self):
-    return int(self.config.data.image_size)
+  def latent(self):
+    """Whether the model was trained on ingested VAE latents (``data.source = "records"``)."""
+    return self.config.data.get("source") == "records"
+
+  @property
+  def text(self):
+    """Whether the model takes a prompt (``model.cross_attn``)."""
+    return bool(self.model.cfg.cross_attn)
 
   @property
   def chunk(self):
     return int(self.config.recipe.chunk_size)
 
+  def text_contexts(self, prompt):
+    """``(context, null_context)`` ``[1, L, D]`` of ``prompt`` and of the empty prompt (text models)."""
+    if self._text is None:
+      from jaxwm.encoders import make_text_encoder  # pylint: disable=g-import-not-at-top
+      self._text = make_text_encoder(self.config.data.text_encoder)
+    from jaxwm.sampling.video import text_contexts  # pylint: disable=g-import-not-at-top
+    return text_contexts(self._text, prompt)
+
+
+def _frame_hw(config, ae):
+  if config.data.get("source") != "records":
+    return int(config.data.image_size), int(config.data.image_size)
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.records import read_manifest  # pylint: disable=g-import-not-at-top
+  try:
+    settings = read_manifest(pathlib.Path(config.data.data_dir).expanduser())["settings"]
+    return int(settings["height"]), int(settings["width"])
+  except (OSError, ValueError, KeyError, TypeError):
+    raise ValueError(f"data.data_dir={config.data.data_dir!r}: the ingested dataset's manifest is not readable here; "
+                     f"the viewer takes its frame size ({ae.name}: multiples of {ae.spatial_stride})") from None
+
 
 def first_frame(model, clip=None, image=None):
-  """``(uint8 [S, S, 3], intrinsics [3, 3])``: eval clip ``clip``'s first frame, or ``image`` (uint8
-  ``[H, W, 3]``: centre-cropped and resized) with the eval clips' intrinsics."""
-  c = eval_clip(model.config, 0 if clip is None else clip)
+  """``(uint8 [H, W, 3], intrinsics [3, 3])`` at the model's frame size: eval scene ``clip``'s first frame, or
+  ``image`` (uint8 ``[h, w, 3]``: centre-cropped to the frame's aspect and resized) with the eval scenes'
+  intrinsics (a 70-degree pinhole)."""
+  h, w = model.frame_hw
+  clip = 0 if clip is None else clip
+  if model.latent:  # the procedural eval scene rendered at the ingested frame size
+    from jaxwm.data.procedural import ProceduralClips  # pylint: disable=g-import-not-at-top
+    c = ProceduralClips("eval", num_clips=clip + 1, num_frames=3, image_hw=(h, w), family="loops")[clip]
+  else:
+    c = eval_clip(model.config, clip)
   k = np.asarray(c["intrinsics"][0], np.float64)
   if image is None:
     return np.asarray(c["frames"][0], np.uint8), k
   from PIL import Image  # pylint: disable=g-import-not-at-top
   im = Image.fromarray(np.asarray(image, np.uint8)).convert("RGB")
-  s = min(im.size)
-  left, top = (im.width - s) // 2, (im.height - s) // 2
-  size = model.image_size
-  return np.asarray(im.crop((left, top, left + s, top + s)).resize((size, size), Image.BICUBIC)), k
+  cw, ch = min(im.width, im.height * w / h), min(im.height, im.width * h / w)
+  left, top = (im.width - cw) / 2, (im.height - ch) / 2
+  return np.asarray(im.crop((round(left), round(top), round(left + cw), round(top + ch))).resize(
+      (w, h), Image.BICUBIC)), k
 
 
 class Player:
-  """One walk. ``memory``: a policy name (:data:`jaxwm.memory.POLICIES`); ``steps``: Euler steps per chunk."""
+  """One walk. ``memory``: a policy name (:data:`jaxwm.memory.POLICIES`); ``steps``: Euler steps per chunk;
+  ``prompt``: the text of a text-conditioned model (classifier-free guidance at the checkpoint's
+  ``sample.guidance``)."""
 
-  def __init__(self, model: Model, first, intrinsics, *, memory="landmark", steps=None, seed=0, controls=None):
+  def __init__(self, model: Model, first, intrinsics, *, memory="landmark", steps=None, seed=0, controls=None,
+               prompt=""):
     if memory not in POLICIES:
       raise ValueError(f"memory={memory!r}: must be one of {', '.join(POLICIES)}")
     steps = model.config.sample.num_steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
       raise ValueError(f"steps={steps!r}: must be an integer in [1, {MAX_STEPS}]")
-    if model.config.data.get("source") == "records":
-      raise ValueError("the viewer streams procedural-scene models; a records-trained (VAE) model is not supported "
-                       "yet (sample.py streams it to an MP4)")
+    if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT:
+      raise ValueError(f"prompt={prompt!r:.40}: must be text of at most {MAX_PROMPT} characters")
+    if prompt and not model.text:
+      raise ValueError(f"prompt={prompt!r:.40}: this model has no text conditioning (model.cross_attn is off)")
     self.m, self.memory_name, self.steps = model, memory, steps
     self.controls = controls or Controls()
-    size, chunk = model.image_size, model.chunk
-    self.policy = make_policy(memory, max_frames=model.max_frames, chunk_frames=chunk, image_hw=(size, size))
-    sampler = make_sampler(model.model, model.variables, model.config, model.max_frames, num_steps=steps)
+    (h, w), chunk, ae = model.frame_hw, model.chunk, model.autoencoder
+    first = np.asarray(first, np.uint8)
+    if first.shape != (h, w, 3):
+      raise ValueError(f"first frame is {first.shape}; this model streams {h}x{w} RGB frames")
+    self.policy = make_policy(memory, max_frames=model.max_frames, chunk_frames=chunk, image_hw=(h, w))
+    context = null = None
+    guidance = 1.0
+    if model.text:
+      context, null = model.text_contexts(prompt)
+      guidance = float(model.config.sample.get("guidance", 1.0))
+    lh, lw = h // ae.spatial_stride, w // ae.spatial_stride
+    sampler = StreamingSampler(model.model, model.variables, batch_size=1, max_frames=model.max_frames,
+                               latent_hw=(lh, lw), channels=ae.channels, num_steps=steps,
+                               shift=model.config.sample.shift, guidance=guidance, context=context,
+                               null_context=null)
     self.k = np.asarray(intrinsics, np.float64)
     self.pose = np.eye(4)
-    latent = vae.encode(jnp.asarray(np.asarray(first, np.uint8))[None, None], model.config.data.latent_stride)
+    latent = ae.encode(jnp.asarray(first)[None, None])  # [1, 1, h, w, C]: the image alone
+    self.decoder = ae.decoder(1, lh, lw)
+    self.decoder.step(latent)  # the causal decoder's cache starts at the first frame, as in stream_video
     self.session = sampler.session(latent, jax.random.key(seed), self._cams(self.pose[None]), memory=self.policy,
                                    keep_frames=False)
-    self.first = np.asarray(first, np.uint8)
+    self.first = first
     self._back = []  # poses of the way back still to fly
 
   def _cams(self, c2w):
@@ -96,7 +160,8 @@ class Player:
     return self.m.max_frames - self.num_frames if self.memory_name == "full" else None
 
   def step(self, keys=(), drag=(0.0, 0.0), back=False):
-    """The next chunk: ``{"frames": uint8 [n, S, S, 3], "latency_s", "path": the chunk's ``[[x, z], ...]`` (top
+    """The next chunk: ``{"frames": uint8 [n * t, H, W, 3]`` (``t``: the autoencoder's temporal stride),
+    ``"latency_s", "path": the chunk's ``[[x, z], ...]`` (top
     down), "resident": frame
     indices the memory keeps, "frame": index of the chunk's last frame, "returning": whether the way back
     goes on, "pose": :func:`pose_summary` of the chunk's last camera}``."""
@@ -116,7 +181,7 @@ class Player:
       c2w = self.controls.chunk(self.pose, n, keys, drag)
     t0 = time.perf_counter()
     latents = self.session.next(self._cams(c2w))
-    frames = np.asarray(vae.to_uint8(vae.decode(jnp.asarray(latents[0]), self.m.config.data.latent_stride)))
+    frames = self.decoder.step(latents)[0]
     latency = time.perf_counter() - t0
     self.pose = c2w[-1]
     return {"frames": frames, "latency_s": latency, "path": [[float(p[0, 3]), float(p[2, 3])] for p in c2w],

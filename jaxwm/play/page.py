@@ -25,6 +25,7 @@ PAGE = r"""<!doctype html>
   <label>or an image <input id="image" type="file" accept="image/*"></label>
   <label>memory <select id="memory"></select></label>
   <label>steps <input id="steps" type="number" min="1" max="50" style="width:4em"></label>
+  <label id="promptrow" hidden>prompt <input id="prompt" type="text" maxlength="1000" style="width:16em"></label>
   <button id="reset">reset</button>
   <button id="back">back to the first view (<kbd>b</kbd>)</button>
   <button id="record">record MP4</button>
@@ -47,10 +48,11 @@ function sendInput(drag) { send({type: "input", keys: [...held], drag: drag || [
 function start() {
   path = [[0, 0]]; resident = [0]; queue = []; drawMap();
   const m = {type: "start", memory: $("memory").value, steps: parseInt($("steps").value)};
+  if (!$("promptrow").hidden) m.prompt = $("prompt").value;
   if (imageURL) m.image = imageURL; else m.clip = parseInt($("clip").value) || 0;
   send(m); status("starting ...");
 }
-function show(src) { const im = new Image(); im.onload = () => vctx.drawImage(im, 0, 0, 512, 512); im.src = src; }
+function show(src) { const im = new Image(); im.onload = () => vctx.drawImage(im, 0, 0, view.width, view.height); im.src = src; }
 function drawMap() {
   mctx.fillStyle = "#1b1b1b"; mctx.fillRect(0, 0, 256, 256);
   const xs = path.map(p => p[0]), zs = path.map(p => p[1]);
@@ -69,7 +71,9 @@ function connect() {
     const m = JSON.parse(ev.data);
     if (m.type === "hello") {
       $("memory").innerHTML = m.memories.map(x => `<option ${x === m.memory ? "selected" : ""}>${x}</option>`).join("");
-      $("steps").value = m.steps; $("clip").max = m.clips - 1; start();
+      $("steps").value = m.steps; $("clip").max = m.clips - 1; $("promptrow").hidden = !m.text;
+      view.height = Math.round(512 * m.size[0] / m.size[1]); view.style.height = view.height + "px";
+      vctx.imageSmoothingEnabled = false; start();
     } else if (m.type === "started") { show(m.first); status(`ready: ${m.memory} memory, ${m.steps} steps`); }
     else if (m.type === "chunk") {
       queue.push(...m.frames); if (queue.length > 32) queue.splice(0, queue.length - 32);  // never lag behind
@@ -119,7 +123,7 @@ $("image").onchange = (e) => {
   const r = new FileReader(); r.onload = () => { imageURL = r.result; start(); }; r.readAsDataURL(f);
 };
 $("clip").onchange = () => { imageURL = null; $("image").value = ""; start(); };
-$("memory").onchange = start; $("steps").onchange = start;
+$("memory").onchange = start; $("steps").onchange = start; $("prompt").onchange = start;
 connect();
 </script></body></html>
 """

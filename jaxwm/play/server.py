@@ -6,7 +6,8 @@ Starts a local aiohttp server (bound to 127.0.0.1 unless ``--host`` says otherwi
 page streams what the camera sees as you steer it (``w a s d`` move, ``r f`` up / down, arrows or a mouse drag
 turn; ``b`` flies back to the first view), with frames per second, per-chunk latency, a top-down map of the
 path with the frames the memory keeps, a choice of first frame (an eval scene or an uploaded image), memory
-policy and step count, reset, and recording to MP4.
+policy and step count, a prompt for a text-conditioned model, reset, and recording to MP4. A model trained on
+ingested videos (VAE latents) streams the same way, each chunk decoded by its VAE as it arrives.
 
 One walk per WebSocket connection, at most ``--max-sessions`` at once (a further one is refused with a
 message). Chunks are generated off the event loop, one at a time for the whole server; input that arrives
@@ -14,7 +15,7 @@ while a chunk is generating is merged (the keys held now, the drag summed), neve
 is answered with an error and logged; a connection that closes mid-chunk is cleaned up when the chunk ends.
 
 Messages (JSON, page -> server): ``{"type": "start", "clip": k | "image": "<data URL>", "memory": name,
-"steps": n}``, ``{"type": "input", "keys": [...], "drag": [dx, dy]}``, ``{"type": "back"}``,
+"steps": n, "prompt": text}``, ``{"type": "input", "keys": [...], "drag": [dx, dy]}``, ``{"type": "back"}``,
 ``{"type": "record", "on": true | false}``. Server -> page: ``hello`` (options), ``started``, ``chunk``
 (frames as PNG data URLs, stats, the path's new points, resident frames), ``recording`` (the MP4's URL),
 ``error``, ``refused``.
@@ -120,7 +121,8 @@ class App:
     try:
       await ws.send_json({"type": "hello", "memories": self._memories(), "memory": self.memory,
                           "steps": self.steps or int(self.model.config.sample.num_steps), "clips": NUM_CLIPS,
-                          "chunk": self.model.chunk, "size": self.model.image_size})
+                          "chunk": self.model.chunk, "size": list(self.model.frame_hw),
+                          "text": self.model.text})
       async for msg in ws:
         if msg.type != WSMsgType.TEXT:
           await self._error(ws, "messages must be JSON text")
@@ -162,7 +164,7 @@ class App:
           self.executor, lambda: first_frame(self.model, clip, None if image is None else _image(image)))
       player = await asyncio.get_running_loop().run_in_executor(
           self.executor, lambda: Player(self.model, first, k, memory=msg.get("memory", self.memory), steps=steps,
-                                        controls=self.controls))
+                                        controls=self.controls, prompt=msg.get("prompt", "")))
       walk.player, walk.keys, walk.drag, walk.back = player, (), [0.0, 0.0], False
       await ws.send_json({"type": "started", "first": _png(first), "memory": player.memory_name,
                           "steps": player.steps})
@@ -194,7 +196,7 @@ class App:
       raise ValueError("the recording has no frames")
     name = f"walk_{uuid.uuid4().hex[:8]}.mp4"
     path = self.out_dir / name
-    write_video(path, np.stack(frames), fps=8, scale=max(1, 256 // self.model.image_size))
+    write_video(path, np.stack(frames), fps=8, scale=max(1, 256 // max(self.model.frame_hw)))
     self.recordings[name] = path
     while len(self.recordings) > MAX_RECORDINGS:  # the oldest go: a long-running server keeps a bounded folder
       old = self.recordings.pop(next(iter(self.recordings)))
@@ -264,9 +266,6 @@ def _main(argv):
     config, model, variables, step = load_model(args.workdir)
   except (FileNotFoundError, ValueError) as e:
     raise Refusal(e) from None
-  if config.data.get("source") == "records":
-    raise Refusal(f"--workdir={args.workdir!r}: a records-trained (VAE) model; the viewer streams procedural-scene "
-                  "models only (sample.py streams this one to an MP4)")
   if args.adapter:
     from jaxwm.distill.student import apply_adapter  # pylint: disable=g-import-not-at-top
     try:
@@ -276,7 +275,11 @@ def _main(argv):
     print(f"jaxwm-play: {note}")
   from aiohttp import web  # pylint: disable=g-import-not-at-top
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-  app = App(Model(config, model, variables, step, args.max_frames), memory=args.memory, steps=args.steps,
+  try:
+    viewer_model = Model(config, model, variables, step, args.max_frames)
+  except (ValueError, OSError) as e:
+    raise Refusal(f"--workdir={args.workdir!r}: {e}") from None
+  app = App(viewer_model, memory=args.memory, steps=args.steps,
             max_sessions=args.max_sessions, controls=controls)
   print(f"jaxwm-play: {args.workdir} step {step}; open http://{args.host}:{args.port}/ (Ctrl-C stops)", flush=True)
   web.run_app(app.web_app(), host=args.host, port=args.port, print=None)
