@@ -31,9 +31,7 @@ Prints a markdown table.
 """
 
 import argparse
-import json
 import os
-import pathlib
 import re
 import sys
 import tempfile
@@ -42,39 +40,12 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-
 from configs import loci_5b, reworld_5b, viewrope_5b, wan22_ti2v_5b  # noqa: E402
 from jaxwm import config_checks  # noqa: E402
-from jaxwm.data import ingest, records  # noqa: E402
 from jaxwm.training import compile_only  # noqa: E402
 from jaxwm.data.sources import latent_geometry  # noqa: E402
 
 RECIPES = {"viewrope_5b": viewrope_5b, "loci_5b": loci_5b, "reworld_5b": reworld_5b}
-TEXT_LEN = 512  # umT5's padded prompt length (jaxwm.text)
-
-
-def stand_in_dataset(path, module, latent_frames, height, width, text_len=TEXT_LEN):
-  """A dataset folder shaped like ``python -m jaxwm.data.ingest`` output for ``module``'s VAE and text
-  encoder: the manifest (``latent_frames`` latents of ``height x width`` frames), one shard with an
-  unread stand-in record (the records source needs a shard) and a zero ``null_text_emb.npy [L, 4096]``."""
-  path = pathlib.Path(path)
-  path.mkdir(parents=True, exist_ok=True)
-  clip_frames = 1 + 4 * (latent_frames - 1)  # Wan2.2's causal VAE: the first frame alone, then groups of 4
-  settings = {"format": ingest.FORMAT, "record_version": records.RECORD_VERSION, "height": height, "width": width,
-              "clip_frames": clip_frames, "fps": None, "stride": None, "hop": None, "max_clips_per_video": 0,
-              "vae": module.VAE, "temporal_stride": 4, "spatial_stride": 16, "text_encoder": module.TEXT_ENCODER,
-              "dtype": "float32"}
-  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
-  shard = "train-00000.array_record"
-  writer = ArrayRecordWriter(str(path / shard), "group_size:1")
-  writer.write(b"compile-only stand-in, never read")
-  writer.close()
-  np.save(path / records.NULL_TEXT, np.zeros((text_len, 4096), np.float32))
-  (path / records.MANIFEST).write_text(json.dumps(
-      {"settings": settings, "latent_shape": [latent_frames, height // 16, width // 16, 48],
-       "shards": [{"file": shard, "split": "train", "num_clips": 1, "clips": ["stand-in"]}], "done": {}}))
-  return str(path)
 
 
 def recipe_config(frames, topology, variant, tmp, size=None):
@@ -84,8 +55,10 @@ def recipe_config(frames, topology, variant, tmp, size=None):
   module = RECIPES[variant]
   c = module.get_config()
   h, w = size or (module.HEIGHT, module.WIDTH)
-  c.data.update(data_dir=stand_in_dataset(os.path.join(tmp, f"{variant}_{frames}_{h}x{w}"), module, frames, h, w),
-                num_frames=frames, batch_size=chips, per_device_batch_size=0)
+  c.data.num_frames = frames
+  c.data.update(data_dir=compile_only.stand_in_dataset(os.path.join(tmp, f"{variant}_{frames}_{h}x{w}"), c.data,
+                                                       (h, w), c.model.text_dim, latent_frames=frames),
+                batch_size=chips, per_device_batch_size=0)
   c.model.attention_impl = "splash"  # "auto" would pick it on a TPU mesh too; explicit for the table
   if variant == "viewrope_5b":
     c.model.attention.update(sparsity="dense")  # the dense stages (I-II'); stage III's top-5 is not this row
@@ -135,7 +108,7 @@ def main():
       c = row_config(int(frames), topology, a.encoding, variant)
     lat_h, lat_w, lat_c = latent_geometry(c.data)
     tokens = (lat_h // c.model.patch_size[1]) * (lat_w // c.model.patch_size[2])
-    text = f"{TEXT_LEN}x{c.model.text_dim}" if c.model.cross_attn else "-"
+    text = f"{compile_only.TEXT_LEN}x{c.model.text_dim}" if c.model.cross_attn else "-"
     t = time.time()
     lines, fits = compile_only.run(c, topology, "train")
     secs = time.time() - t

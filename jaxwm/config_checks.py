@@ -145,7 +145,8 @@ def _check_records(d):
   manifest = read_manifest(os.path.expanduser(path))
   if manifest is None or not manifest.get("latent_shape"):
     raise ConfigError("data.data_dir", path, "must be a dataset written by python -m jaxwm.data.ingest "
-                                             "(no manifest.json with finished clips there)")
+                                             "(no manifest.json with finished clips there; to compile "
+                                             "before ingesting: train.py --compile_only ... --frame_size HxW)")
   st = manifest["settings"]
   for key, v, field in (("data.vae", d.vae, "vae"), ("data.text_encoder", d.text_encoder, "text_encoder")):
     if v != st.get(field, "none"):

@@ -171,11 +171,18 @@ def make_autoencoder(name):
 def autoencoder_strides(name):
   """``(spatial_stride, temporal_stride)`` of a built-in autoencoder name without building it or reading weights
   (so a command can refuse a frame size first); None for a name that is not built-in (a plug-in)."""
+  geometry = autoencoder_geometry(name)
+  return None if geometry is None else geometry[:2]
+
+
+def autoencoder_geometry(name):
+  """``(spatial_stride, temporal_stride, latent channels)`` of a built-in autoencoder name, without building it
+  or reading weights (a folder's ``config.json`` is read); None for a plug-in."""
   m = re.fullmatch(r"space_to_depth(?::(\d+))?", str(name))
   if m:
     if int(m.group(1) or 4) < 1:
       raise ValueError(f"vae={name!r}: the stride S of space_to_depth:S must be >= 1")
-    return int(m.group(1) or 4), 1
+    return int(m.group(1) or 4), 1, 3 * int(m.group(1) or 4)**2
   m = re.fullmatch(r"(wan2\.[12])(-tiny)?:.+", str(name))
   if m:
     from jaxwm.models.wan_vae import WanVAEConfig  # pylint: disable=g-import-not-at-top
@@ -183,7 +190,7 @@ def autoencoder_strides(name):
     cfg = None if tiny else _folder_vae_config(m.group(1), str(name).split(":", 1)[1])
     cfg = cfg or ((WanVAEConfig.tiny_wan21() if tiny else WanVAEConfig.wan21()) if v21 else (
         WanVAEConfig.tiny_wan22() if tiny else WanVAEConfig.wan22()))
-    return cfg.scale_factor_spatial, cfg.scale_factor_temporal
+    return cfg.scale_factor_spatial, cfg.scale_factor_temporal, cfg.z_dim
   return None
 
 

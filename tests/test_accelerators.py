@@ -116,27 +116,32 @@ def test_compile_only_with_splash_attention_on_a_sharded_mesh():
 
 
 @needs_libtpu
-def test_compile_only_compiles_a_records_batch_with_text(tmp_path):
-  """A records config with cross-attention compiles over the loader's batch: ingested ``latents`` at the
-  manifest's geometry and ``text_emb [B, L, text_dim]``, ``L`` from the dataset's empty-prompt embedding."""
-  import json  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
-  from jaxwm.data import records  # pylint: disable=g-import-not-at-top
+def test_compile_only_compiles_a_records_config_before_any_video_is_ingested(tmp_path, capsys):
+  """``train.py --compile_only train --frame_size HxW`` on a records config with cross-attention and no dataset:
+  the batch is what the loader would give, ingested ``latents`` at the VAE's geometry for that frame size and
+  ``text_emb [B, 512, text_dim]``; it compiles and writes no workdir. Misused, ``--frame_size`` is refused."""
+  from jaxwm.cli.train import cli  # pylint: disable=g-import-not-at-top
   from jaxwm.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
   from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
-  writer = ArrayRecordWriter(str(tmp_path / "train-00000.array_record"), "group_size:1")
-  writer.write(b"unread")
-  writer.close()
-  np.save(tmp_path / records.NULL_TEXT, np.zeros((7, 16), np.float32))
-  (tmp_path / records.MANIFEST).write_text(json.dumps(
-      {"settings": {"dtype": "float32", "text_encoder": "umt5"}, "latent_shape": [5, 4, 6, 48],
-       "shards": [{"file": "train-00000.array_record", "split": "train", "num_clips": 1, "clips": ["x"]}]}))
-  c = tiny_config(**{"data.source": "records", "data.data_dir": str(tmp_path), "model.cross_attn": True})
-  c.mesh.update(data=2, fsdp=2)
+  records = {"data.source": "records", "data.vae": "wan2.2-tiny:0", "data.text_encoder": "umt5-tiny:0",
+             "data.latent_stride": 16, "model.in_channels": 8, "model.out_channels": 8, "model.camera.vae_stride": 16,
+             "model.cross_attn": True, "model.text_dim": 16, "data.num_frames": 5, "data.frame_stride": 1}
+  c = tiny_config(**records)
+  c.data.data_dir = compile_only.stand_in_dataset(tmp_path / "ds", c.data, (64, 96), 16)
   batch = compile_only._records_batch(c, ModelConfig.from_dict(c.model))  # pylint: disable=protected-access
-  assert batch["latents"].shape == (8, 5, 4, 6, 48) and batch["text_emb"].shape == (8, 7, 16)
-  assert compile_only.run(c, "v5e:2x2", "train")[1]
+  assert batch["latents"].shape == (8, 5, 4, 6, 8) and batch["text_emb"].shape == (8, 512, 16)
+  args = ["--config=configs/tiny.py", *(f"--config.{k}={v}" for k, v in records.items()),
+          "--config.data.data_dir=nowhere", "--config.model.dim=64", "--config.model.num_heads=2",
+          "--config.model.num_layers=2", "--config.model.ffn_dim=64", "--config.train.sample_every=0",
+          "--config.train.gain_every=0", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+          f"--workdir={tmp_path / 'run'}"]
+  assert cli([*args, "--compile_only=train", "--topology=v5e:2x2", "--frame_size=64x96"]) == 0
+  assert "-> fits" in capsys.readouterr().out and not (tmp_path / "run").exists()
+  for extra, words in ((["--frame_size=64x96"], "only with --compile_only"),
+                       (["--compile_only=train", "--topology=v5e:2x2", "--frame_size=64x90"], "multiples of 16"),
+                       (["--compile_only=train", "--topology=v5e:2x2"], "--frame_size HxW")):
+    assert cli([*args, *extra]) == 2
+    assert words in capsys.readouterr().err, extra
 
 
 def test_kernels_run_per_batch_shard_under_a_mesh():

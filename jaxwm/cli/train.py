@@ -44,6 +44,10 @@ def _define_flags(flag_values=flags.FLAGS, argv=None):
                                              flag_values=flag_values)
   _FLAGS["topology"] = flags.DEFINE_string("topology", None, "TPU topology for --compile_only, e.g. v5p:4x4x4.",
                                            flag_values=flag_values)
+  _FLAGS["frame_size"] = flags.DEFINE_string(
+      "frame_size", None, "HxW video frames for --compile_only on a records config before any video is ingested "
+      "(the batch's shapes from the config and this size; a stand-in dataset in a temporary folder, never read).",
+      flag_values=flag_values)
 
 
 def _refuse(message):
@@ -75,6 +79,8 @@ def _check_config(config, workdir):
       raise config_checks.ConfigError("--workdir", workdir, "must be a non-empty path")
     if _FLAGS["topology"].value and not _FLAGS["compile_only"].value:
       raise config_checks.ConfigError("--topology", _FLAGS["topology"].value, "only with --compile_only train|sample")
+    if _FLAGS["frame_size"].value is not None:
+      _stand_in_data(config, _FLAGS["frame_size"].value)
     notes = config_checks.validate(config, workdir=workdir)  # no device touched yet
     if _FLAGS["compile_only"].value:  # the abstract devices of --topology
       from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
@@ -90,6 +96,38 @@ def _check_config(config, workdir):
     return notes if procs == 1 or jax.process_index() == 0 else []
   except ValueError as e:  # ConfigError, and the model's own checks (they name the key)
     _refuse(e)
+
+
+def _stand_in_data(config, frame_size):
+  """``--frame_size HxW``: points ``data.data_dir`` at a stand-in of the dataset ingestion would write
+  (``jaxwm.training.compile_only.stand_in_dataset``, removed at exit), after checking it is asked for where it
+  applies."""
+  import atexit  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from jaxwm.config_checks import ConfigError  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.records import read_manifest  # pylint: disable=g-import-not-at-top
+  from jaxwm.training import compile_only  # pylint: disable=g-import-not-at-top
+  if not _FLAGS["compile_only"].value:
+    raise ConfigError("--frame_size", frame_size, "only with --compile_only train|sample (training reads the "
+                                                  "ingested dataset's own size)")
+  if config.data.get("source") != "records":
+    raise ConfigError("--frame_size", frame_size, "only with data.source='records' (rendered frames are "
+                                                  "data.image_size)")
+  m = re.fullmatch(r"(\d+)x(\d+)", frame_size.strip())
+  if not m:
+    raise ConfigError("--frame_size", frame_size, "must be HxW in pixels, e.g. 480x832")
+  if config.data.get("data_dir") and read_manifest(pathlib.Path(config.data.data_dir).expanduser()):
+    raise ConfigError("--frame_size", frame_size, f"data.data_dir={config.data.data_dir!r} holds an ingested "
+                                                  "dataset, whose manifest gives the frame size: drop --frame_size")
+  tmp = tempfile.mkdtemp(prefix="jaxwm_compile_only_")
+  atexit.register(shutil.rmtree, tmp, True)
+  try:
+    config.data.data_dir = compile_only.stand_in_dataset(tmp, config.data, (int(m.group(1)), int(m.group(2))),
+                                                         int(config.model.text_dim))
+  except ValueError as e:
+    raise ConfigError("--frame_size", frame_size, str(e).split(": ", 1)[-1]) from None
 
 
 def _main(argv):

@@ -213,6 +213,47 @@ def report(compiled, chip, label, flops=None):
   return lines, fits
 
 
+TEXT_LEN = 512  # umT5's padded prompt length (jaxwm.text)
+
+
+def stand_in_dataset(path, data, frame_hw, text_dim, latent_frames=None, text_len=TEXT_LEN):
+  """A folder shaped like ``python -m jaxwm.data.ingest`` output for the ``data`` block's VAE and text encoder,
+  so that a records config compiles before any video is encoded: the manifest (``latent_frames`` latents of
+  ``frame_hw = (H, W)`` frames; default: the window's span ``(num_frames - 1) * frame_stride + 1``), one shard
+  holding one unread stand-in record (the records source needs a shard) and a zero ``null_text_emb.npy
+  [text_len, text_dim]``. Nothing in it is ever decoded; returns ``path``."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=g-import-not-at-top
+  from jaxwm.data import ingest, records  # pylint: disable=g-import-not-at-top
+  from jaxwm.encoders import autoencoder_geometry  # pylint: disable=g-import-not-at-top
+  geometry = autoencoder_geometry(data.vae)
+  if geometry is None:
+    raise ValueError(f"data.vae={data.vae!r}: a plug-in VAE; its latent shape is known only from an ingested "
+                     "dataset's manifest")
+  spatial, temporal, channels = geometry
+  h, w = frame_hw
+  if h < spatial or w < spatial or h % spatial or w % spatial:
+    raise ValueError(f"--frame_size={h}x{w}: must be positive multiples of {spatial} (the spatial stride of "
+                     f"{data.vae})")
+  n = latent_frames or (data.num_frames - 1) * data.frame_stride + 1
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  settings = {"format": ingest.FORMAT, "record_version": records.RECORD_VERSION, "height": h, "width": w,
+              "clip_frames": 1 + temporal * (n - 1), "fps": None, "stride": None, "hop": None,
+              "max_clips_per_video": 0, "vae": data.vae, "temporal_stride": temporal, "spatial_stride": spatial,
+              "text_encoder": data.text_encoder, "dtype": "float32"}
+  shard = "train-00000.array_record"
+  writer = ArrayRecordWriter(str(path / shard), "group_size:1")
+  writer.write(b"compile-only stand-in, never read")
+  writer.close()
+  np.save(path / records.NULL_TEXT, np.zeros((text_len, text_dim), np.float32))
+  (path / records.MANIFEST).write_text(json.dumps(
+      {"settings": settings, "latent_shape": [n, h // spatial, w // spatial, channels],
+       "shards": [{"file": shard, "split": "train", "num_clips": 1, "clips": ["stand-in"]}], "done": {}}))
+  return str(path)
+
+
 def run(config, topology, what="train"):
   """Compiles ``what`` (``train`` | ``sample``) of ``config`` for ``topology``, prints the report and returns
   ``(lines, fits)``."""
