@@ -117,6 +117,8 @@ def test_ingest_rejects_resumes_and_reads_back(inputs, tmp_path):
   r = _ingest(inputs, out)
   # stride 2: a 9 -> 5 frames (1 clip), b 17 -> 9 (1 clip), c 13 -> 7 (1 clip).
   assert (r["new_clips"], r["new_shards"], r["rejected"]) == (3, 2, 4), r["summary"]
+  # c has no caption (the rejected videos have none either, and are not counted): named in the summary
+  assert r["uncaptioned"] == ["c"] and "1 video(s) had no caption" in r["summary"] and ": c (" in r["summary"]
   manifest = json.loads((out / "manifest.json").read_text())
   assert [s["file"] for s in manifest["shards"]] == ["train-00000.array_record", "train-00001.array_record"]
   assert all((out / s["file"]).is_file() for s in manifest["shards"]) and not list(out.glob(".*tmp*"))
@@ -132,6 +134,14 @@ def test_ingest_rejects_resumes_and_reads_back(inputs, tmp_path):
   before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir()}
   again = _ingest(inputs, out)
   assert (again["new_clips"], again["new_shards"], again["rejected"], again["skipped"]) == (0, 0, 0, 7)
+  assert again["uncaptioned"] == [] and "caption" not in again["summary"]
+  strict = _ingest(inputs, tmp_path / "strict", require_captions=True)
+  assert (strict["new_clips"], strict["rejected"], strict["uncaptioned"]) == (2, 5, [])
+  reasons = {x["video"]: x["reason"] for x in map(json.loads, (tmp_path / "strict" / "rejects.jsonl").read_text()
+                                                                .splitlines())}
+  assert reasons["c.mp4"].startswith("no caption for 'c' in --captions=")
+  with pytest.raises(ing.SettingsError, match="--require_captions: needs --captions"):
+    _ingest(inputs, tmp_path / "none", captions=None, require_captions=True)
   assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir()} == before
 
   src = RecordClips(out, split="train")
@@ -200,6 +210,7 @@ def test_cli(inputs, tmp_path, capsys):
       (["--dtype", "int8"], "--dtype='int8': must be one of 'float32', 'float16'"),
       (["--split", "a/b"], "--split='a/b': must be letters, digits or _"),
       (["--captions", str(inputs["cameras"])], "is the camera directory"),
+      (["--require_captions"], "--require_captions: needs --captions"),
       (["--vae", "space_to_depth:8"], "holds clips made with other settings: fps=5.0 (now None), stride=None (now 1)"),
   ]
   for extra, message in refusals:

@@ -394,16 +394,19 @@ def _prepare(s, video, cameras_dir, captions):
 
 def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=None, fps=None, stride=None, hop=None,
            split="train", shard_size=64, batch_size=8, encoder=None, text_encoder=None, dtype="float32",
-           max_clips_per_video=0, camera_format="auto", progress=True):
+           max_clips_per_video=0, camera_format="auto", require_captions=False, progress=True):
   """Ingests a folder of videos (see module doc); arguments as the CLI's flags.
 
   Args:
     encoder: a :class:`jaxwm.encoders.LatentEncoder` (default :func:`space_to_depth_encoder`).
     text_encoder: a :class:`jaxwm.encoders.CaptionEncoder` or None (captions stored as strings only).
+    require_captions: with ``captions``, a video whose stem has none is rejected (else it is ingested with the
+      empty caption, and counted and named in the summary).
 
   Returns:
     dict with ``new_clips``, ``new_shards``, ``rejected`` (new), ``skipped`` (done or rejected
-    earlier), ``total_clips`` (of ``split``) and ``summary`` (one line).
+    earlier), ``total_clips`` (of ``split``), ``uncaptioned`` (stems of this call's videos ingested without a
+    caption although ``captions`` was given) and ``summary`` (one line).
 
   Raises:
     SettingsError: one line, for bad settings (nothing is written then).
@@ -413,6 +416,8 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
            batch_size=batch_size, encoder=encoder or space_to_depth_encoder(), text_encoder=text_encoder,
            dtype=dtype, max_clips_per_video=max_clips_per_video, camera_format=camera_format)
   check_settings(s)
+  if require_captions and captions is None:
+    raise SettingsError("--require_captions: needs --captions (the file or folder the captions are in)")
   if s["fps"] is None and s["stride"] is None:
     s["stride"] = 1
   s["hop"] = s["hop"] or clip_frames
@@ -423,7 +428,7 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
     raise SettingsError(f"--videos={str(videos)!r}: no videos ({' '.join(VIDEO_SUFFIXES)})")
   run = _Run(s)
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  skipped, seen = 0, set()
+  skipped, seen, uncaptioned = 0, set(), []
   bar = tqdm(vids, desc="ingest", unit="video", disable=not progress, file=sys.stderr)
   for video in bar:
     if video.stem in run.done or video.name in run.rejected:
@@ -433,7 +438,12 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
       if video.stem in seen:
         raise _Reject(f"duplicate stem {video.stem!r} (another video has it)")
       seen.add(video.stem)
+      missing = captions is not None and video.stem not in caps
+      if missing and require_captions:
+        raise _Reject(f"no caption for {video.stem!r} in --captions={str(captions)!r} (--require_captions)")
       run.add(_prepare(s, video, cameras_dir, caps), video.stem)
+      if missing:
+        uncaptioned.append(video.stem)
     except _Reject as e:
       run.reject(video, " ".join(str(e).split()))
     bar.set_postfix(clips=run.new_clips + len(run.buffer) + len(run.pending), rejected=run.new_rejects)
@@ -443,8 +453,12 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
   summary = (f"ingest: {len(vids)} videos: {run.new_clips} new clips in {run.new_shards} new shards, "
              f"{run.new_rejects} rejected" + (f" (reasons in {run.out / REJECTS})" if run.new_rejects else "") +
              f", {skipped} done or rejected before; {run.out} holds {total} {split} clips in {n_shards} shards")
+  if uncaptioned:
+    names = ", ".join(uncaptioned[:5]) + (f", ... ({len(uncaptioned) - 5} more)" if len(uncaptioned) > 5 else "")
+    summary += (f"; {len(uncaptioned)} video(s) had no caption in {captions} and were ingested with the empty "
+                f"caption: {names} (--require_captions rejects them)")
   return {"new_clips": run.new_clips, "new_shards": run.new_shards, "rejected": run.new_rejects, "skipped": skipped,
-          "total_clips": total, "summary": summary}
+          "total_clips": total, "uncaptioned": uncaptioned, "summary": summary}
 
 
 def _parser():
@@ -456,6 +470,8 @@ def _parser():
   p.add_argument("--camera_format", default="auto", check=c["camera_format"],
                  help=f"auto or one of {camera_files.FORMATS}")
   p.add_argument("--captions", help="JSON / JSONL {stem: caption} file, or a directory of <stem>.txt")
+  p.add_argument("--require_captions", action="store_true",
+                 help="reject a video with no caption in --captions (default: the empty caption, named in the summary)")
   p.add_argument("--height", type=int, required=True, check=c["height"])
   p.add_argument("--width", type=int, required=True, check=c["width"])
   p.add_argument("--fps", type=float, check=c["fps"], help="resample to this frame rate (nearest frames)")
@@ -488,6 +504,8 @@ def main(argv=None):
       raise SettingsError(f"--vae={kw['vae']!r}: {' '.join(str(e).split())}") from None
     if strides is not None:  # a built-in VAE: sizes refused before its weights are read
       check_strides(kw, *strides, kw["vae"])
+    if kw["require_captions"] and kw["captions"] is None:  # before any encoder is built
+      raise SettingsError("--require_captions: needs --captions (the file or folder the captions are in)")
     progress = not kw.pop("no_progress")
     kw["encoder"] = make_encoder(kw.pop("vae"))
     kw["text_encoder"] = make_text_encoder(kw.pop("text_encoder"))
