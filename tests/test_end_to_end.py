@@ -80,9 +80,11 @@ def test_ingest_train_sample_mp4(dataset, tmp_path):
   assert code == 0 and out.is_file()
   with av.open(str(out)) as c:
     n = sum(1 for _ in c.decode(video=0))
+    rate = float(c.streams.video[0].average_rate)
   assert n == 17  # 1 + 4 x 4 frames: the first latent frame alone, then 4 frames per latent frame
   report = json.loads(out.with_suffix(".json").read_text())
   assert report["vae"] == VAE and report["prompt"] == "a room with a ball" and report["frames"] == 5
+  assert report["fps"] == 10.0 and abs(rate - 10.0) < 1e-6  # the ingested videos' rate (write_mp4's 10 fps)
   _check_viewer(work, first)
 
 

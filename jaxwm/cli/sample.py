@@ -80,6 +80,9 @@ def _parser():
   p.add_argument("--window", type=int, default=None, check=Int(1), help="--memory window: frames kept after the sink (default 8)")
   p.add_argument("--seed", type=int, default=0, check=SEED, help=f"noise seed in [0, {MAX_SEED}]")
   p.add_argument("--out", default=None, help="output video, .gif or .mp4 (default: a new name under samples/)")
+  p.add_argument("--fps", type=float, default=None, check=Float(gt=0),
+                 help="frames per second of the output (default: the ingested videos' rate for a records-trained "
+                      "model, else 6)")
   p.add_argument("--overwrite", action="store_true", help="replace an existing --out and its .json")
   p.add_argument("--prompt", default=None, help="text prompt (text-conditioned models, trained on ingested records)")
   p.add_argument("--adapter", default=None, check=IsDir("a distillation workdir or its adapter/"),
@@ -279,7 +282,7 @@ def _main(argv):
   elif ret >= 0:
     summary = f"loop-closure PSNR {report['loop_closure_psnr']:.2f} dB"
   panels = {"generated": video} if gt is None else {"ground truth": gt, "generated": video}
-  write_video(out_path, labelled(panels, pose_captions(clip["c2w"]), scale=max(1, 128 // size)), fps=6)
+  write_video(out_path, labelled(panels, pose_captions(clip["c2w"]), scale=max(1, 128 // size)), fps=args.fps or 6)
   json_path = out_path.with_suffix(".json")
   write_json(json_path, report)
   print(f"wrote {out_path} and {json_path}" + (f": {summary}" if summary else ""))

@@ -24,6 +24,21 @@ def _image_hw(config, ae, image):
   return image.height // s * s, image.width // s * s
 
 
+def _frame_rate(config):
+  """The ingested videos' frame rate: the dataset's ``--fps`` (its manifest), else the first record's (its
+  source's rate over ``--stride``); None when the dataset is not readable here."""
+  import json  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.records import RecordClips, read_manifest  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(config.data.data_dir).expanduser()
+  try:
+    fps = ((read_manifest(path) or {}).get("settings") or {}).get("fps")
+    if fps is None:
+      fps = json.loads(str(RecordClips(path)[0]["meta"])).get("fps")
+    return float(fps) if fps else None
+  except (OSError, ValueError, KeyError, IndexError, TypeError):
+    return None
+
+
 def _load(path, hw):
   from PIL import Image  # pylint: disable=g-import-not-at-top
   im = Image.open(path).convert("RGB")
@@ -102,16 +117,22 @@ def sample_latent_model(args, config, model, variables, step, frames_n, steps, s
       f"{run_dir(args.workdir).name or 'run'}_step{step}_{source}.mp4")
   if args.out is None:
     said.append(f"--out {out_path}")
+  fps = args.fps
+  if fps is None:
+    fps = _frame_rate(config)
+    said.append(f"--fps {fps:g} (the ingested videos')" if fps else "--fps 8 (the ingested dataset is not readable "
+                                                                   "here to take its rate)")
+    fps = fps or 8.0
   if said:
     print("sample.py: defaults: " + ", ".join(said))
   latents, video = stream_video(model, variables, config, first, {"c2w": c2w, "intrinsics": k},
                                 key=jax.random.key(args.seed), num_frames=frames_n, autoencoder=ae, context=context,
                                 null_context=null, guidance=guidance, num_steps=steps, shift=shift, memory=memory,
                                 progress=True)
-  write_video(out_path, video, fps=8)
+  write_video(out_path, video, fps=fps)
   report = {"checkpoint_step": int(step), "frames": frames_n, "video_frames": int(len(video)), "vae": ae.name,
             "prompt": args.prompt or "", "guidance": float(guidance), "steps": int(steps), "shift": float(shift),
-            "seed": args.seed, "memory": args.memory, "latent_shape": list(latents.shape)}
+            "seed": args.seed, "memory": args.memory, "fps": float(fps), "latent_shape": list(latents.shape)}
   write_json(out_path.with_suffix(".json"), report)
   print(f"wrote {out_path} ({len(video)} frames decoded by {ae.name}) and {out_path.with_suffix('.json')}")
   return 0
