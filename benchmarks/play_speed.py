@@ -11,7 +11,9 @@ cost with ``--adapter`` is the same). Per row: the median wall time of chunks 15
 10 chunks after chunk ``N`` (bounded policies should stay flat), frames per second from the median (chunk
 frames / time), and the process's peak resident memory. The baseline in the same run is the rollout of
 :mod:`jaxwm.sampling.streaming` on the same poses (``rollout`` column: the sampler without the viewer's
-per-chunk work); the viewer should cost no more than a few percent above it.
+per-chunk work); the viewer should cost no more than a few percent above it. "programs alone": the chunk's
+compiled denoising scan and commit forward timed again on their own with the arguments of chunk 20: the gap to
+the chunk's time is the sampler's host work (memory-policy bookkeeping, slot moves, noise, transfers).
 """
 
 import argparse
@@ -72,6 +74,42 @@ def walk(model, first, k, policy, steps, chunks, controls):
   return np.asarray(times), np.stack(poses)
 
 
+def forward_floor(model, first, k, policy, steps, controls, warm=20, reps=7):
+  """Median ms of the chunk's compiled programs alone (the denoising scan and the commit forward, called again
+  with the arguments chunk ``warm`` gave them, outputs waited for): what the sampler's per-chunk time cannot go
+  below without changing the programs."""
+  from jaxwm.sampling import streaming  # pylint: disable=g-import-not-at-top
+  p = Player(model, first, k, memory=policy, steps=steps, controls=controls)
+  for _ in range(warm):
+    p.step(KEYS)
+  calls, originals = [], (streaming._denoise_jit, streaming._commit_jit)  # pylint: disable=protected-access
+
+  def recorder(fn, donated):
+    def call(*args, **kwargs):
+      saved = [jax.tree_util.tree_map(jnp.copy, a) if i in donated else a for i, a in enumerate(args)]
+      calls.append((fn, saved, kwargs, donated))
+      return fn(*args, **kwargs)
+    return call
+
+  streaming._denoise_jit = recorder(originals[0], ())  # pylint: disable=protected-access
+  streaming._commit_jit = recorder(originals[1], (2,))  # pylint: disable=protected-access
+  try:
+    p.step(KEYS)
+  finally:
+    streaming._denoise_jit, streaming._commit_jit = originals  # pylint: disable=protected-access
+  total = 0.0
+  for fn, args, kwargs, donated in calls:
+    times = []
+    for _ in range(reps):
+      fresh = [jax.tree_util.tree_map(jnp.copy, a) if i in donated else a for i, a in enumerate(args)]
+      jax.block_until_ready(fresh)
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*fresh, **kwargs))
+      times.append(time.perf_counter() - t0)
+    total += float(np.median(times))
+  return total, len(calls)
+
+
 def rollout_times(model, first, k, policy, steps, c2w):
   """Per-chunk wall times of the plain sampler's rollout on the same poses (the baseline)."""
   from jaxwm.memory import make_policy  # pylint: disable=g-import-not-at-top
@@ -112,15 +150,16 @@ def main(argv=None):
   ap.add_argument("--far", type=int, default=2000, help="also time the 10 chunks after this one (0: no)")
   ap.add_argument("--far-steps", type=int, default=1, help="Euler steps of the --far rows")
   ap.add_argument("--far-configs", default="tiny", help="configs of the --far rows")
+  ap.add_argument("--floor", type=int, default=1, help="1: also time the chunk's compiled programs alone")
   a = ap.parse_args(argv)
   steps = [int(s) for s in a.steps.split(",") if s]
   if a.chunks < 26:
     ap.error(f"--chunks={a.chunks}: must be >= 26 (the median is over chunks 15-25)")
   controls = Controls(speed=0.05, turn=5.0)
   print(f"backend {jax.default_backend()}, {jax.local_device_count()} device(s); keys held: {' + '.join(KEYS)}")
-  print("| model | memory | steps | chunk ~20 (ms) | frames/s | rollout ~20 (ms) | viewer / rollout | chunk ~far (ms) |"
-        " far / 20 | peak MiB |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+  print("| model | memory | steps | chunk ~20 (ms) | frames/s | rollout ~20 (ms) | viewer / rollout | programs alone (ms) |"
+        " chunk / programs | chunk ~far (ms) | far / 20 | peak MiB |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for name in a.configs.split(","):
     config = load_config(name)
     chunk = int(config.recipe.chunk_size)
@@ -138,8 +177,10 @@ def main(argv=None):
           far_times, _ = walk(model, first, k, policy, st, a.far + 10, controls)
           fmed = np.median(far_times[a.far:])
           far_cell, ratio = f"{1e3 * fmed:.1f}", f"{fmed / med:.2f}"
+        floor, _ = forward_floor(model, first, k, policy, st, controls) if a.floor else (float("nan"), 0)
         print(f"| {label} | {policy} | {st} | {1e3 * med:.1f} | {chunk / med:.1f} | {1e3 * bmed:.1f} | "
-              f"{med / bmed:.2f} | {far_cell} | {ratio} | {peak_mib():.0f} |", flush=True)
+              f"{med / bmed:.2f} | {1e3 * floor:.1f} | {med / floor:.2f} | {far_cell} | {ratio} | {peak_mib():.0f} |",
+              flush=True)
 
 
 if __name__ == "__main__":
