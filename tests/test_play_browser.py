@@ -75,7 +75,7 @@ def test_keys_in_a_browser_move_the_reported_pose_and_stream_frames(tiny_checkpo
   workdir, _, _ = tiny_checkpoint
   config, m, variables, step = load_model(workdir)
   model = Model(config, m, variables, step, max_frames=9)
-  server = _Server(App(model, memory="window", steps=2, controls=Controls(speed=0.1, turn=10.0),
+  server = _Server(App(model, memory="window", steps=2, controls=Controls(speed=0.1, turn=1.0),
                        out_dir=tmp_path))
   try:
     with sync_api.sync_playwright() as pw:
@@ -95,8 +95,10 @@ def test_keys_in_a_browser_move_the_reported_pose_and_stream_frames(tiny_checkpo
       moved = _canvas(page)
       assert moved != first  # frames arrived and were drawn
 
-      right = _hold(page, "ArrowRight", "p.yaw > 15")  # the right arrow: the view turns towards +x
-      assert right["xyz"] == pytest.approx(fwd["xyz"], abs=1e-6) and abs(right["pitch"]) < 1e-3, right
+      # The right arrow: the view turns towards +x (1 degree a frame, so the page sees it long before +-180).
+      right = _hold(page, "ArrowRight", "p.yaw > 3")
+      assert 3 < right["yaw"] < 170 and abs(right["pitch"]) < 1e-3, right
+      assert right["xyz"] == pytest.approx(fwd["xyz"], abs=1e-6), right
       page.wait_for_timeout(600)
       assert _canvas(page) != moved
       stats = page.text_content("#stats")
