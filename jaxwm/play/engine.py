@@ -77,8 +77,9 @@ def _frame_hw(config, ae):
     settings = read_manifest(pathlib.Path(config.data.data_dir).expanduser())["settings"]
     return int(settings["height"]), int(settings["width"])
   except (OSError, ValueError, KeyError, TypeError):
-    raise ValueError(f"data.data_dir={config.data.data_dir!r}: the ingested dataset's manifest is not readable here; "
-                     f"the viewer takes its frame size ({ae.name}: multiples of {ae.spatial_stride})") from None
+    raise ValueError(f"data.data_dir={config.data.data_dir!r}: the ingested dataset's manifest is not readable "
+                     f"here, and the viewer takes the frame size from it (for {ae.name}, multiples of "
+                     f"{ae.spatial_stride}); copy manifest.json there") from None
 
 
 def first_frame(model, clip=None, image=None):
