@@ -102,6 +102,13 @@ def _check_viewer(work, image):
   n = 1 + 2 * chunk
   model = Model(config, m, variables, step, max_frames=n)
   assert model.latent and model.text and model.frame_hw == HW
+  away = config.copy_and_resolve_references()
+  away.data.data_dir = str(work / "no_dataset_here")
+  with pytest.raises(ValueError, match="manifest is not readable here"):
+    Model(away, m, variables, step)
+  assert Model(away, m, variables, step, frame_hw=(32, 48)).frame_hw == (32, 48)  # the dataset elsewhere
+  with pytest.raises(ValueError, match="multiples of 16"):
+    Model(away, m, variables, step, frame_hw=(30, 48))
   first, k = first_frame(model, image=np.asarray(image))
   assert first.shape == (*HW, 3) and first_frame(model, 1)[0].shape == (*HW, 3)
   controls = Controls(speed=0.1, turn=10.0)

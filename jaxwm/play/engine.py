@@ -37,12 +37,13 @@ class Model:
   variables: object
   step: int
   max_frames: int = 65  # the full memory's capacity (a walk under it ends there)
+  frame_hw: tuple = None  # (H, W) of a records-trained model whose dataset is not here (default: its manifest's)
 
   def __post_init__(self):
     from jaxwm.data.sources import data_of  # pylint: disable=g-import-not-at-top
     from jaxwm.encoders import make_autoencoder  # pylint: disable=g-import-not-at-top
     self.autoencoder = make_autoencoder(data_of(self.config.data).autoencoder)
-    self.frame_hw = _frame_hw(self.config, self.autoencoder)
+    self.frame_hw = _frame_hw(self.config, self.autoencoder, self.frame_hw)
     self._text = None
 
   @property
@@ -68,9 +69,18 @@ class Model:
     return text_contexts(self._text, prompt)
 
 
-def _frame_hw(config, ae):
+def _frame_hw(config, ae, given=None):
   if config.data.get("source") != "records":
+    if given is not None:
+      raise ValueError(f"frame_hw={given!r}: only for a records-trained model (this one renders "
+                       f"data.image_size={config.data.image_size} frames)")
     return int(config.data.image_size), int(config.data.image_size)
+  if given is not None:
+    h, w = (int(v) for v in given)
+    if h < ae.spatial_stride or w < ae.spatial_stride or h % ae.spatial_stride or w % ae.spatial_stride:
+      raise ValueError(f"frame_hw={given!r}: must be positive multiples of {ae.spatial_stride} (the spatial "
+                       f"stride of {ae.name})")
+    return h, w
   import pathlib  # pylint: disable=g-import-not-at-top
   from jaxwm.data.records import read_manifest  # pylint: disable=g-import-not-at-top
   try:
@@ -79,7 +89,7 @@ def _frame_hw(config, ae):
   except (OSError, ValueError, KeyError, TypeError):
     raise ValueError(f"data.data_dir={config.data.data_dir!r}: the ingested dataset's manifest is not readable "
                      f"here, and the viewer takes the frame size from it (for {ae.name}, multiples of "
-                     f"{ae.spatial_stride}); copy manifest.json there") from None
+                     f"{ae.spatial_stride}); copy manifest.json there or give the size (jaxwm-play --frame-size HxW)") from None
 
 
 def first_frame(model, clip=None, image=None):

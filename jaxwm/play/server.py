@@ -245,6 +245,8 @@ def _parser():
   p.add_argument("--memory", default="landmark", check=Choice(tuple(POLICIES)), help="default memory policy")
   p.add_argument("--steps", type=int, check=Int(1, 50), help="Euler steps per chunk (default: the checkpoint's)")
   p.add_argument("--max-frames", type=int, default=65, check=Int(2), help="frames the full memory holds")
+  p.add_argument("--frame-size", help="HxW frames of a records-trained model whose dataset (its manifest.json) "
+                 "is not on this machine")
   p.add_argument("--max-sessions", type=int, default=4, check=Int(1), help="walks at once")
   p.add_argument("--speed", type=float, default=0.05, help="translation per frame (the model's units)")
   p.add_argument("--turn", type=float, default=5.0, help="degrees per frame")
@@ -275,8 +277,15 @@ def _main(argv):
     print(f"jaxwm-play: {note}")
   from aiohttp import web  # pylint: disable=g-import-not-at-top
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+  hw = None
+  if args.frame_size is not None:
+    import re  # pylint: disable=g-import-not-at-top
+    m = re.fullmatch(r"(\d+)x(\d+)", args.frame_size.strip())
+    if not m:
+      raise Refusal(f"--frame-size={args.frame_size!r}: must be HxW in pixels, e.g. 480x832")
+    hw = (int(m.group(1)), int(m.group(2)))
   try:
-    viewer_model = Model(config, model, variables, step, args.max_frames)
+    viewer_model = Model(config, model, variables, step, args.max_frames, frame_hw=hw)
   except (ValueError, OSError) as e:
     raise Refusal(f"--workdir={args.workdir!r}: {e}") from None
   app = App(viewer_model, memory=args.memory, steps=args.steps,
