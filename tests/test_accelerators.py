@@ -135,8 +135,9 @@ def test_compile_only_compiles_a_records_config_before_any_video_is_ingested(tmp
           "--config.model.num_layers=2", "--config.model.ffn_dim=64", "--config.train.sample_every=0",
           "--config.train.gain_every=0", "--config.mesh.data=2", "--config.mesh.fsdp=2",
           f"--workdir={tmp_path / 'run'}"]
-  assert cli([*args, "--compile_only=train", "--topology=v5e:2x2", "--frame_size=64x96"]) == 0
-  assert "-> fits" in capsys.readouterr().out and not (tmp_path / "run").exists()
+  for what in ("train", "sample"):
+    assert cli([*args, f"--compile_only={what}", "--topology=v5e:2x2", "--frame_size=64x96"]) == 0
+    assert "-> fits" in capsys.readouterr().out and not (tmp_path / "run").exists()
   for extra, words in ((["--frame_size=64x96"], "only with --compile_only"),
                        (["--compile_only=train", "--topology=v5e:2x2", "--frame_size=64x90"], "multiples of 16"),
                        (["--compile_only=train", "--topology=v5e:2x2"], "--frame_size HxW")):

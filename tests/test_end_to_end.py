@@ -109,6 +109,8 @@ def _check_viewer(work, image):
   assert Model(away, m, variables, step, frame_hw=(32, 48)).frame_hw == (32, 48)  # the dataset elsewhere
   with pytest.raises(ValueError, match="multiples of 16"):
     Model(away, m, variables, step, frame_hw=(30, 48))
+  with pytest.raises(ValueError, match="manifest gives the size"):
+    Model(config, m, variables, step, frame_hw=(32, 48))
   first, k = first_frame(model, image=np.asarray(image))
   assert first.shape == (*HW, 3) and first_frame(model, 1)[0].shape == (*HW, 3)
   controls = Controls(speed=0.1, turn=10.0)

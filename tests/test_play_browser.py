@@ -52,15 +52,18 @@ def _canvas(page):
   return page.evaluate("document.getElementById('view').toDataURL()")
 
 
-def _hold(page, key, until, timeout_s=120):
+def _hold(page, key, until, app, timeout_s=120):
   """Holds ``key`` until ``until(pose)`` holds for the reported pose, releases it and waits for the chunk in
-  flight (generated with the key still held); returns the pose then."""
+  flight (generated with the key still held: the server's one generation thread goes idle, then its message
+  arrives); returns the pose then."""
   page.keyboard.down(key)
   try:
     page.wait_for_function(f"""() => {{ const r = document.getElementById('pose').dataset.pose;
       if (!r) return false; const p = JSON.parse(r); return {until}; }}""", timeout=timeout_s * 1000, polling=100)
   finally:
     page.keyboard.up(key)
+  page.wait_for_timeout(300)  # the release reaches the server
+  app.executor.submit(lambda: None).result(timeout_s)  # the chunk in flight is done
   seen = None
   for _ in range(timeout_s * 2):  # settled: no new chunk for 1.5 s
     now = page.text_content("#stats")
@@ -75,8 +78,8 @@ def test_keys_in_a_browser_move_the_reported_pose_and_stream_frames(tiny_checkpo
   workdir, _, _ = tiny_checkpoint
   config, m, variables, step = load_model(workdir)
   model = Model(config, m, variables, step, max_frames=9)
-  server = _Server(App(model, memory="window", steps=2, controls=Controls(speed=0.1, turn=1.0),
-                       out_dir=tmp_path))
+  app = App(model, memory="window", steps=2, controls=Controls(speed=0.1, turn=1.0), out_dir=tmp_path)
+  server = _Server(app)
   try:
     with sync_api.sync_playwright() as pw:
       browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -89,14 +92,14 @@ def test_keys_in_a_browser_move_the_reported_pose_and_stream_frames(tiny_checkpo
       page.wait_for_timeout(300)  # the first frame's image decodes onto the canvas
       first = _canvas(page)
 
-      fwd = _hold(page, "w", "p.xyz[2] > 0.15")  # forward: +z in the first camera's frame
+      fwd = _hold(page, "w", "p.xyz[2] > 0.15", app)  # forward: +z in the first camera's frame
       assert abs(fwd["xyz"][0]) < 1e-3 and abs(fwd["xyz"][1]) < 1e-3 and abs(fwd["yaw"]) < 1e-3, fwd
       page.wait_for_timeout(600)  # frames play at 8 per second from the page's queue
       moved = _canvas(page)
       assert moved != first  # frames arrived and were drawn
 
       # The right arrow: the view turns towards +x (1 degree a frame, so the page sees it long before +-180).
-      right = _hold(page, "ArrowRight", "p.yaw > 3")
+      right = _hold(page, "ArrowRight", "p.yaw > 3", app)
       assert 3 < right["yaw"] < 170 and abs(right["pitch"]) < 1e-3, right
       assert right["xyz"] == pytest.approx(fwd["xyz"], abs=1e-6), right
       page.wait_for_timeout(600)

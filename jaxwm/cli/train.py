@@ -118,7 +118,8 @@ def _stand_in_data(config, frame_size):
   m = re.fullmatch(r"(\d+)x(\d+)", frame_size.strip())
   if not m:
     raise ConfigError("--frame_size", frame_size, "must be HxW in pixels, e.g. 480x832")
-  if config.data.get("data_dir") and read_manifest(pathlib.Path(config.data.data_dir).expanduser()):
+  if config.data.get("data_dir") and (read_manifest(pathlib.Path(config.data.data_dir).expanduser()) or {}).get(
+      "latent_shape"):
     raise ConfigError("--frame_size", frame_size, f"data.data_dir={config.data.data_dir!r} holds an ingested "
                                                   "dataset, whose manifest gives the frame size: drop --frame_size")
   tmp = tempfile.mkdtemp(prefix="jaxwm_compile_only_")
@@ -127,6 +128,8 @@ def _stand_in_data(config, frame_size):
     config.data.data_dir = compile_only.stand_in_dataset(tmp, config.data, (int(m.group(1)), int(m.group(2))),
                                                          int(config.model.text_dim))
   except ValueError as e:
+    if not str(e).startswith("--frame_size"):  # data.vae's own refusal, as it words it
+      raise
     raise ConfigError("--frame_size", frame_size, str(e).split(": ", 1)[-1]) from None
 
 

@@ -43,7 +43,8 @@ class Model:
     from jaxwm.data.sources import data_of  # pylint: disable=g-import-not-at-top
     from jaxwm.encoders import make_autoencoder  # pylint: disable=g-import-not-at-top
     self.autoencoder = make_autoencoder(data_of(self.config.data).autoencoder)
-    self.frame_hw = _frame_hw(self.config, self.autoencoder, self.frame_hw)
+    self.frame_hw = _frame_hw(self.config, self.autoencoder, self.frame_hw,
+                              tuple(self.model.cfg.patch_size[1:]))
     self._text = None
 
   @property
@@ -69,27 +70,34 @@ class Model:
     return text_contexts(self._text, prompt)
 
 
-def _frame_hw(config, ae, given=None):
+def _frame_hw(config, ae, given=None, patch=(1, 1)):
   if config.data.get("source") != "records":
     if given is not None:
       raise ValueError(f"frame_hw={given!r}: only for a records-trained model (this one renders "
                        f"data.image_size={config.data.image_size} frames)")
     return int(config.data.image_size), int(config.data.image_size)
-  if given is not None:
-    h, w = (int(v) for v in given)
-    if h < ae.spatial_stride or w < ae.spatial_stride or h % ae.spatial_stride or w % ae.spatial_stride:
-      raise ValueError(f"frame_hw={given!r}: must be positive multiples of {ae.spatial_stride} (the spatial "
-                       f"stride of {ae.name})")
-    return h, w
   import pathlib  # pylint: disable=g-import-not-at-top
   from jaxwm.data.records import read_manifest  # pylint: disable=g-import-not-at-top
   try:
     settings = read_manifest(pathlib.Path(config.data.data_dir).expanduser())["settings"]
-    return int(settings["height"]), int(settings["width"])
+    hw = int(settings["height"]), int(settings["width"])
   except (OSError, ValueError, KeyError, TypeError):
+    hw = None
+  if given is not None:
+    h, w = (int(v) for v in given)
+    if hw is not None:
+      raise ValueError(f"frame_hw={given!r}: data.data_dir={config.data.data_dir!r} holds the dataset, whose "
+                       f"manifest gives the size ({hw[0]}x{hw[1]}): drop it")
+    sh, sw = ae.spatial_stride * patch[0], ae.spatial_stride * patch[1]
+    if h < sh or w < sw or h % sh or w % sw:
+      raise ValueError(f"frame_hw={given!r}: must be positive multiples of {sh}x{sw} (the spatial stride of "
+                       f"{ae.name} times model.patch_size)")
+    return h, w
+  if hw is None:
     raise ValueError(f"data.data_dir={config.data.data_dir!r}: the ingested dataset's manifest is not readable "
                      f"here, and the viewer takes the frame size from it (for {ae.name}, multiples of "
-                     f"{ae.spatial_stride}); copy manifest.json there or give the size (jaxwm-play --frame-size HxW)") from None
+                     f"{ae.spatial_stride}); copy manifest.json there or give the size (jaxwm-play --frame-size HxW)")
+  return hw
 
 
 def first_frame(model, clip=None, image=None):

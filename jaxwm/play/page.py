@@ -46,7 +46,8 @@ function status(t) { $("status").textContent = t; }
 function send(m) { if (ws && ws.readyState === 1) ws.send(JSON.stringify(m)); }
 function sendInput(drag) { send({type: "input", keys: [...held], drag: drag || [0, 0]}); }
 function start() {
-  path = [[0, 0]]; resident = [0]; queue = []; drawMap();
+  path = [[0, 0]]; resident = [0]; queue = []; times = []; drawMap();
+  $("pose").textContent = "x 0.00 y 0.00 z 0.00, yaw 0.0\u00b0, pitch 0.0\u00b0"; delete $("pose").dataset.pose;
   const m = {type: "start", memory: $("memory").value, steps: parseInt($("steps").value)};
   if (!$("promptrow").hidden) m.prompt = $("prompt").value;
   if (imageURL) m.image = imageURL; else m.clip = parseInt($("clip").value) || 0;

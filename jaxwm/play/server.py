@@ -287,6 +287,8 @@ def _main(argv):
   try:
     viewer_model = Model(config, model, variables, step, args.max_frames, frame_hw=hw)
   except (ValueError, OSError) as e:
+    if str(e).startswith("frame_hw="):
+      raise Refusal(f"--frame-size={args.frame_size!r}: {str(e).split(': ', 1)[1]}") from None
     raise Refusal(f"--workdir={args.workdir!r}: {e}") from None
   app = App(viewer_model, memory=args.memory, steps=args.steps,
             max_sessions=args.max_sessions, controls=controls)

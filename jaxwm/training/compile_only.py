@@ -136,13 +136,14 @@ def compile_sample(config, devices):
   one = SingleDeviceSharding(devices[0])
   model = WanModel(ModelConfig.from_dict(config.model))
   cfg, d = model.cfg, config.data
-  hw = d.image_size // d.latent_stride
-  chunk, ch = config.recipe.chunk_size, 3 * d.latent_stride**2
-  n = (hw // cfg.patch_size[1]) * (hw // cfg.patch_size[2])
+  from jaxwm.data.sources import latent_geometry  # pylint: disable=g-import-not-at-top
+  lh, lw, ch = latent_geometry(d)  # space-to-depth of rendered frames, or an ingested dataset's latents
+  chunk = config.recipe.chunk_size
+  n = (lh // cfg.patch_size[1]) * (lw // cfg.patch_size[2])
   put = lambda tree: jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), tree)  # pylint: disable=unnecessary-lambda-assignment
   variables = put({"params": abstract_params(model, config)})
   cache = put(jax.eval_shape(lambda: KVCache.empty(cfg, 1, d.num_frames, n, cfg.compute_dtype)))
-  x = put(jax.ShapeDtypeStruct((1, chunk, hw, hw, ch), jnp.float32))
+  x = put(jax.ShapeDtypeStruct((1, chunk, lh, lw, ch), jnp.float32))
   pos = put(jax.ShapeDtypeStruct((1, chunk), jnp.float32))
   cams = put(jax.eval_shape(lambda: Cameras.identity(1, chunk)))
   ctx = put(jax.ShapeDtypeStruct((1, 1, cfg.text_dim), jnp.float32)) if cfg.cross_attn else None
