@@ -278,6 +278,16 @@ def check_init_from(config, workdir=None):
   if not resumes and not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".safetensors"))):
     raise ConfigError("train.init_from", src, "no such directory or .safetensors file (an earlier stage's workdir, "
                                               "or the Wan transformer's weights)")
+  if resumes or (pathlib.Path(path) / "checkpoints").is_dir():  # an earlier stage's workdir
+    return
+  from jaxwm.convert.wan import check_backbone, folder_transformer_config  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  try:  # the released weights' config.json, where there is one, against model.*
+    found = folder_transformer_config(path)
+    if found is not None:
+      check_backbone(ModelConfig.from_dict(config.model), found[0], "its config.json")
+  except ValueError as e:
+    raise ConfigError("train.init_from", src, " ".join(str(e).split())) from None
 
 
 def validate(config, *, num_devices=None, num_processes=1, workdir=None):

@@ -10,12 +10,12 @@ name the same table; either is accepted and both are written. Original Wan check
 (``blocks.0.attn.q.weight``, ...) are renamed first (:func:`original_wan_t5_to_hf_keys`).
 """
 
-import json
 import re
 
 import numpy as np
 
 from jaxwm.models.umt5 import UMT5Config
+from jaxwm.convert.files import open_weights, to_numpy
 from jaxwm.convert.tree import get_path, set_path
 
 EMBED_KEYS = ("shared.weight", "encoder.embed_tokens.weight")
@@ -37,13 +37,6 @@ def parameter_mapping(cfg: UMT5Config):
            (("ffn_norm", "scale"), (f"{ff}.layer_norm.weight",), "copy"),
            *[(("ffn", n, "kernel"), (f"{ff}.DenseReluDense.{n}.weight",), "linear") for n in ("wi_0", "wi_1", "wo")]]
   return glob, layer
-
-
-def _numpy(v):
-  if hasattr(v, "detach"):  # torch tensor (bfloat16 goes through float32)
-    v = v.detach().cpu()
-    return v.float().numpy() if str(v.dtype) == "torch.bfloat16" else v.numpy()
-  return np.asarray(v)
 
 
 def _build(cfg, keys, get, leaf_dtype, put, strict):
@@ -83,7 +76,7 @@ def hf_to_jaxwm(state_dict, cfg: UMT5Config, strict=True):
   Missing keys are an error; with ``strict``, so are keys no parameter uses (listed).
   """
   params = {}
-  _build(cfg, set(state_dict), lambda k: _numpy(state_dict[k]), lambda _: np.float32,
+  _build(cfg, set(state_dict), lambda k: to_numpy(state_dict[k]), lambda _: np.float32,
          lambda path, a: set_path(params, path, a), strict)
   return {"params": params}
 
@@ -131,65 +124,6 @@ def original_wan_t5_to_hf_keys(state_dict):
   return {original_wan_t5_key(k): v for k, v in state_dict.items()}
 
 
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
-
-
-class _SafetensorsFile:
-  """Memory-mapped safetensors reader (handles ``BF16``, which ``safetensors.numpy`` cannot)."""
-
-  def __init__(self, path):
-    with open(path, "rb") as f:
-      n = int.from_bytes(f.read(8), "little")
-      header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    self.header, self.start, self.path = header, 8 + n, str(path)
-    self._mm = None
-
-  def get(self, key):
-    import ml_dtypes  # pylint: disable=g-import-not-at-top
-    info = self.header[key]
-    dtype = ml_dtypes.bfloat16 if info["dtype"] == "BF16" else _ST_DTYPES.get(info["dtype"])
-    if dtype is None:
-      raise ValueError(f"{self.path}: tensor {key!r} has dtype {info['dtype']}; expected one of BF16, "
-                       f"{', '.join(_ST_DTYPES)}")
-    if self._mm is None:
-      self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
-    lo, hi = info["data_offsets"]
-    return self._mm[self.start + lo:self.start + hi].view(dtype).reshape(info["shape"])
-
-
-class _TorchFile:
-  """A ``torch.save`` state dict (the released ``models_t5_umt5-xxl-enc-bf16.pth``), memory-mapped and read
-  tensor by tensor with :meth:`get` (bfloat16 kept as ``ml_dtypes.bfloat16``); needs torch."""
-
-  def __init__(self, path):
-    self.path = str(path)
-    try:
-      import torch  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      raise ValueError(f"{self.path}: reading a .pth state dict needs torch (pip install torch)") from None
-    try:
-      self._sd = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # pylint: disable=broad-except  (torch raises several kinds for a bad file)
-      raise ValueError(f"{self.path}: not a torch state dict ({type(e).__name__}: {' '.join(str(e).split())[:200]})") \
-          from None
-    if not isinstance(self._sd, dict):
-      raise ValueError(f"{self.path}: holds a {type(self._sd).__name__}, not a state dict of tensors")
-    self.header = {k: None for k in self._sd}
-
-  def get(self, key):
-    import ml_dtypes  # pylint: disable=g-import-not-at-top
-    import torch  # pylint: disable=g-import-not-at-top
-    t = self._sd[key].detach()
-    if t.dtype == torch.bfloat16:
-      return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
-def _open(path):
-  return _TorchFile(path) if str(path).endswith((".pth", ".pt", ".bin")) else _SafetensorsFile(path)
-
-
 def load_umt5_safetensors(paths, cfg: UMT5Config, abstract_params=None, shardings=None, original_names=None):
   """Loads umT5 encoder weights from safetensors file(s) leaf by leaf into (sharded) jax arrays.
 
@@ -219,7 +153,7 @@ def load_umt5_safetensors(paths, cfg: UMT5Config, abstract_params=None, sharding
     raise ValueError("paths: no safetensors file given (an empty list or folder)")
   where = {}
   for p in paths:
-    f = _open(p)
+    f = open_weights(p)
     for k in f.header:
       where[k] = (f, k)
   if original_names or (original_names is None and any(k.startswith("blocks.") for k in where)):

@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from jaxwm.models.config import ModelConfig
+from jaxwm.convert.files import read_state_dict, to_numpy
 from jaxwm.convert.tree import get_path, set_path
 
 
@@ -90,7 +91,7 @@ def diffusers_to_jaxwm(state_dict, cfg: ModelConfig, strict=True):
   With ``strict``, keys of the state dict that no parameter uses are an error (listed).
   Missing keys are always an error.
   """
-  sd = {k: (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)) for k, v in state_dict.items()}
+  sd = {k: to_numpy(v) for k, v in state_dict.items()}
   glob, block = parameter_mapping(cfg)
   params, used, missing = {}, set(), []
   for path, key, kind in glob:
@@ -177,11 +178,7 @@ def load_wan_safetensors(paths, cfg: ModelConfig, abstract_params=None, sharding
     ``{"params": ...}`` of jax arrays.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  paths = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
-  sd = {}
-  for p in paths:
-    sd.update(load_file(str(p)))
+  sd = read_state_dict(paths)
   if original_names or (original_names is None and any(".self_attn." in k or k.startswith("head.") for k in sd)):
     sd = original_wan_to_diffusers_keys(sd)
   tree = diffusers_to_jaxwm(sd, cfg)
@@ -205,17 +202,7 @@ def backbone_config(cfg: ModelConfig):
 
 
 def _read_state_dict(paths):
-  import pathlib  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  paths = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
-  files = []
-  for p in map(pathlib.Path, paths):
-    files += sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
-  if not files:
-    raise FileNotFoundError(f"no .safetensors files at {[str(p) for p in paths]}")
-  sd = {}
-  for f in files:
-    sd.update(load_file(str(f)))
+  sd = read_state_dict(paths)
   if any(".self_attn." in k or k.startswith("head.") for k in sd):
     sd = original_wan_to_diffusers_keys(sd)
   return sd
@@ -263,3 +250,90 @@ def pretrained_params(paths, cfg: ModelConfig, params):
 
   out = jax.tree_util.tree_map_with_path(take, params)
   return out, loaded, kept
+
+
+# The authors' WanModel.__init__ defaults (its config.json leaves out patch_size, text_dim, qk_norm, cross_attn_norm
+# and window_size) and diffusers' WanTransformer3DModel defaults.
+_AUTHORS_DEFAULTS = dict(model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=2048, ffn_dim=8192, freq_dim=256,
+                         text_dim=4096, out_dim=16, num_heads=16, num_layers=32, window_size=(-1, -1), qk_norm=True,
+                         cross_attn_norm=True, eps=1e-6)
+_DIFFUSERS_DEFAULTS = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                           out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
+                           cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None,
+                           added_kv_proj_dim=None, rope_max_seq_len=1024, pos_embed_seq_len=None)
+BACKBONE_FIELDS = ("dim", "num_heads", "num_layers", "ffn_dim", "in_channels", "out_channels", "patch_size",
+                   "text_dim", "freq_dim", "eps", "cross_attn", "cross_attn_norm")
+
+
+def transformer_config(d, source="config.json"):
+  """A transformer ``config.json`` (diffusers' ``WanTransformer3DModel`` or the authors' ``WanModel``) ->
+  ``(ModelConfig, diffusers kwargs)``: jaxwm's backbone shape and the keyword arguments that build the same
+  model in diffusers. What jaxwm cannot run (image conditioning, windowed attention, no q/k norm) is a
+  one-line ``ValueError`` naming ``source`` and the field."""
+  def bad(field, value, allowed):
+    return ValueError(f"{source}: {field}={value!r}: {allowed}")
+
+  if "num_attention_heads" in d or d.get("_class_name") == "WanTransformer3DModel":
+    unknown = sorted(k for k in d if not k.startswith("_") and k not in _DIFFUSERS_DEFAULTS)
+    if unknown:
+      raise bad(unknown[0], d[unknown[0]], f"not a WanTransformer3DModel field (those are {sorted(_DIFFUSERS_DEFAULTS)})")
+    kw = {**_DIFFUSERS_DEFAULTS, **{k: v for k, v in d.items() if not k.startswith("_")}}
+    for field in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"):
+      if kw[field] is not None:
+        raise bad(field, kw[field], "image conditioning (Wan2.1 I2V) is not part of jaxwm's backbone; must be null")
+    heads, head_dim = kw["num_attention_heads"], kw["attention_head_dim"]
+    shape = dict(dim=heads * head_dim, num_heads=heads, in_channels=kw["in_channels"], out_channels=kw["out_channels"])
+  elif "dim" in d or d.get("_class_name") == "WanModel":
+    unknown = sorted(k for k in d if not k.startswith("_") and k not in _AUTHORS_DEFAULTS and k != "text_len")
+    if unknown:
+      raise bad(unknown[0], d[unknown[0]], f"not a Wan WanModel field (those are {sorted(_AUTHORS_DEFAULTS)})")
+    a = {**_AUTHORS_DEFAULTS, **{k: v for k, v in d.items() if not k.startswith("_")}}
+    if a["model_type"] not in ("t2v", "ti2v"):
+      raise bad("model_type", a["model_type"], "jaxwm runs the t2v and ti2v backbones (i2v and s2v add inputs)")
+    if tuple(a["window_size"]) != (-1, -1):
+      raise bad("window_size", a["window_size"], "windowed attention is not supported; must be [-1, -1]")
+    if not a["qk_norm"]:
+      raise bad("qk_norm", a["qk_norm"], "must be true (every released Wan model)")
+    kw = dict(patch_size=tuple(a["patch_size"]), num_attention_heads=a["num_heads"],
+              attention_head_dim=a["dim"] // a["num_heads"], in_channels=a["in_dim"], out_channels=a["out_dim"],
+              text_dim=a["text_dim"], freq_dim=a["freq_dim"], ffn_dim=a["ffn_dim"], num_layers=a["num_layers"],
+              cross_attn_norm=a["cross_attn_norm"], qk_norm="rms_norm_across_heads", eps=a["eps"])
+    shape = dict(dim=a["dim"], num_heads=a["num_heads"], in_channels=a["in_dim"], out_channels=a["out_dim"])
+  else:
+    raise ValueError(f"{source}: neither a diffusers WanTransformer3DModel config (num_attention_heads, ...) nor the "
+                     "authors' WanModel config (dim, num_heads, ...)")
+  if kw["qk_norm"] != "rms_norm_across_heads":
+    raise bad("qk_norm", kw["qk_norm"], "must be 'rms_norm_across_heads' (every released Wan model)")
+  try:
+    cfg = ModelConfig(**shape, num_layers=kw["num_layers"], ffn_dim=kw["ffn_dim"], patch_size=tuple(kw["patch_size"]),
+                      text_dim=kw["text_dim"], freq_dim=kw["freq_dim"], eps=kw["eps"], cross_attn=True,
+                      cross_attn_norm=bool(kw["cross_attn_norm"]))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{source}: {' '.join(str(e).split())}") from None
+  kw["patch_size"] = tuple(kw["patch_size"])
+  return cfg, kw
+
+
+def folder_transformer_config(path):
+  """:func:`transformer_config` of the ``config.json`` beside the weights (``path``: a folder or one of its
+  files), or None when there is none."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  p = pathlib.Path(path).expanduser()
+  f = (p if p.is_dir() else p.parent) / "config.json"
+  if not f.is_file():
+    return None
+  try:
+    d = json.loads(f.read_text())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{f}: not a readable JSON config ({e})") from None
+  return transformer_config(d, str(f))
+
+
+def check_backbone(cfg: ModelConfig, file_cfg: ModelConfig, source):
+  """Raises a one-line ``ValueError`` naming every backbone field where the run's ``cfg`` and the checkpoint's
+  ``file_cfg`` differ."""
+  diff = [f"{k}: run {getattr(cfg, k)!r}, checkpoint {getattr(file_cfg, k)!r}" for k in BACKBONE_FIELDS
+          if getattr(cfg, k) != getattr(file_cfg, k)]
+  if diff:
+    raise ValueError(f"{source} describes another transformer than model.*: " + "; ".join(diff))

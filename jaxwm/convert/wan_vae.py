@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxwm.models.wan_vae import WanVAEConfig
 from jaxwm.models.wan_vae_blocks import decoder_plan, encoder_plan
+from jaxwm.convert.files import read_state_dict, to_numpy
 from jaxwm.convert.tree import get_path, set_path
 
 
@@ -110,19 +111,12 @@ def _to_torch(a, kind):
   return a
 
 
-def _numpy(v):
-  if hasattr(v, "detach"):
-    v = v.detach().cpu()
-    return (v.float() if str(v.dtype) == "torch.bfloat16" else v).numpy()
-  return np.asarray(v)
-
-
 def diffusers_to_jaxwm(state_dict, cfg: WanVAEConfig, strict=True):
   """A diffusers ``AutoencoderKLWan`` state dict (name -> array-like) -> ``{"params": ...}`` (numpy float32).
 
   Missing keys are an error; so are unused ones with ``strict``.
   """
-  sd = {k: _numpy(v) for k, v in state_dict.items()}
+  sd = {k: to_numpy(v) for k, v in state_dict.items()}
   params, used, missing = {}, set(), []
   for path, key, kind in parameter_mapping(cfg):
     if key not in sd:
@@ -194,16 +188,6 @@ def _is_original(keys):
              for k in keys)
 
 
-def _read(path):
-  path = str(path)
-  if path.endswith((".pth", ".pt", ".bin")):
-    import torch  # pylint: disable=g-import-not-at-top
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    return {k: _numpy(v) for k, v in sd.items()}
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  return load_file(path)
-
-
 def load_wan_vae_safetensors(paths, cfg: WanVAEConfig, abstract_params=None, shardings=None, original_names=None):
   """Loads Wan VAE weights straight into (sharded) jax arrays.
 
@@ -220,10 +204,7 @@ def load_wan_vae_safetensors(paths, cfg: WanVAEConfig, abstract_params=None, sha
     ``{"params": ...}`` of jax arrays (float32).
   """
   import jax  # pylint: disable=g-import-not-at-top
-  paths = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
-  sd = {}
-  for p in paths:
-    sd.update(_read(p))
+  sd = read_state_dict(paths)
   if original_names or (original_names is None and _is_original(sd)):
     sd = original_wan_vae_to_diffusers_keys(sd, cfg)
   tree = diffusers_to_jaxwm(sd, cfg)

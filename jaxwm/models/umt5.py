@@ -201,7 +201,7 @@ class UMT5Encoder(nn.Module):
     pos = np.arange(length)
     buckets = relative_position_bucket(pos[None, :] - pos[:, None], cfg.relative_attention_num_buckets,
                                        cfg.relative_attention_max_distance)
-    stack = nn.scan(Layer, variable_axes={"params": 0}, split_rngs={"params": True},
+    stack = nn.scan(Layer, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
                     metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
     x, _ = stack(x, mask_bias, buckets)
