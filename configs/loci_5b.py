@@ -53,7 +53,7 @@ Not stated (jaxwm defaults): Adam betas and epsilon, EMA, timestep distribution 
 steps, shift and guidance, the camera files' scale per source.
 """
 
-from configs import wan22_ti2v_5b
+from configs import _smoke as smoke, wan22_ti2v_5b
 
 DATA_DIR = "data/loci_records"  # the user's ingested folder (python -m jaxwm.data.ingest above)
 VAE = "wan2.2:weights/Wan2.2_VAE.pth"
@@ -65,7 +65,13 @@ CHUNK = 5  # latent frames per chunk (LOCI §3)
 HYBRID_BLOCKS = (2, 4, 6, 7, 8, 9, 11, 13, 14, 16, 23, 24, 25, 27, 28)  # LOCI App. A, zero-based
 
 
-def get_config():
+VARIANTS = ("", "smoke")
+
+
+def get_config(variant=""):
+  """The recipe; ``configs/loci_5b.py:smoke``: the same code path at CPU size (``configs/_smoke.py``)."""
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/loci_5b.py:{variant}: not one of {VARIANTS}")
   c = wan22_ti2v_5b.get_config()  # the 5B shape: 30 blocks of 24 x 128 heads, cross-attention to umT5 text
   c.model.update(dtype="bfloat16", remat="full")  # as the 5B base: bf16 compute, full rematerialisation
   # Camera conditioning of the softmax blocks: LOCI adds a UCPE ray-conditioned camera-attention branch to every
@@ -104,4 +110,4 @@ def get_config():
       sample_every=0, gain_every=0,  # off: jaxwm's periodic sample and memory-gain probe render procedural scenes
       workdir="runs/loci_5b", init_from="")
   c.sample.update(num_steps=10, shift=3.0, guidance=1.0)  # not stated; jaxwm defaults
-  return c
+  return smoke.shrink(c, "loci_5b") if variant == "smoke" else c

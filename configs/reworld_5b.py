@@ -70,7 +70,7 @@ decay, timestep distribution and shift, text dropout, the MRoPE channels and MLP
 multi-step model's sampling steps and shift.
 """
 
-from configs import wan22_ti2v_5b
+from configs import _smoke as smoke, wan22_ti2v_5b
 
 DATA_DIR = "data/reworld_records"  # the user's ingested folder (python -m jaxwm.data.ingest above)
 VAE = "wan2.2:weights/Wan2.2_VAE.pth"
@@ -83,7 +83,13 @@ CLIP_FRAMES = 1 + (LATENT_FRAMES - 1) * 4  # 193 RGB frames (ReWorld: 189)
 UE_SCALE_DIVISOR = 100.0  # UE centimetres -> metres, the metric anchor (ReWorld §3.3 Eq. 4, App. A.2)
 
 
-def get_config():
+VARIANTS = ("", "smoke")
+
+
+def get_config(variant=""):
+  """The recipe; ``configs/reworld_5b.py:smoke``: the same code path at CPU size (``configs/_smoke.py``)."""
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/reworld_5b.py:{variant}: not one of {VARIANTS}")
   c = wan22_ti2v_5b.get_config()  # the 5B shape: 30 blocks of 24 x 128 heads, cross-attention to umT5 text
   c.model.update(dtype="bfloat16", remat="full")  # as the 5B base: bf16 compute, full rematerialisation
   # MRoPE (§2.2 Eq. 1) + Plücker action injection (§2.2), both zero-initialised: the model starts as the backbone.
@@ -120,4 +126,4 @@ def get_config():
   c.sample.update(
       guidance=1.0,  # CFG scale 1 (§4.1, the deployed model)
       num_steps=10, shift=3.0)  # not stated for the multi-step model; jaxwm defaults (the distilled student: 4)
-  return c
+  return smoke.shrink(c, "reworld_5b") if variant == "smoke" else c

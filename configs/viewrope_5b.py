@@ -60,7 +60,7 @@ warmup, EMA, timestep distribution and shift, text dropout, sampling steps, shif
 steps of stages I and II.
 """
 
-from configs import wan22_ti2v_5b
+from configs import _smoke as smoke, wan22_ti2v_5b
 
 DATA_DIR = "data/viewrope_records"  # the user's ingested folder (python -m jaxwm.data.ingest above)
 VAE = "wan2.2:weights/Wan2.2_VAE.pth"
@@ -72,7 +72,13 @@ CHUNK = 1  # latent frames per chunk: App. A Alg. 1 generates and caches one fra
 TOP_K = 5  # ViewRope §4.3
 
 
-def get_config():
+VARIANTS = ("", "smoke")
+
+
+def get_config(variant=""):
+  """The recipe; ``configs/viewrope_5b.py:smoke``: the same code path at CPU size (``configs/_smoke.py``)."""
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/viewrope_5b.py:{variant}: not one of {VARIANTS}")
   c = wan22_ti2v_5b.get_config()  # the 5B shape: 30 blocks of 24 x 128 heads, cross-attention to umT5 text
   c.model.update(dtype="bfloat16", remat="full")  # as the 5B base: bf16 compute, full rematerialisation
   # ViewRope on the 12 lowest temporal RoPE channels [32, 44) (§4.4 Table 5, App. A.1) and frame-sparse attention
@@ -101,4 +107,4 @@ def get_config():
       sample_every=0, gain_every=0,  # off: jaxwm's periodic sample and memory-gain probe render procedural scenes
       workdir="runs/viewrope_5b/stage3", init_from="")  # stage III starts from stage II' (--config.train.init_from)
   c.sample.update(num_steps=10, shift=3.0, guidance=1.0)  # not stated; jaxwm defaults
-  return c
+  return smoke.shrink(c, "viewrope_5b") if variant == "smoke" else c

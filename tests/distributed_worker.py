@@ -9,6 +9,7 @@ records the agreed step instead and exits with code 75, as ``train.py``.
 
 import json
 import os
+import signal
 import sys
 
 pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -53,6 +54,8 @@ try:
   _, history = run(config, os.path.join(workdir, "run"), progress=False, hooks=training_hooks(config))
   report, code = {"history": history}, 0
 except StopRequested as e:  # as train.py: the agreed step is committed; exit 75
+  for name in ("SIGTERM", "SIGINT"):  # as train.py: a further signal during shutdown must not change the code
+    signal.signal(getattr(signal, name), signal.SIG_IGN)
   report, code = {"stopped": e.step, "signal": e.signame}, STOPPED_EXIT_CODE
 with open(os.path.join(workdir, f"process_{pid}.json"), "w", encoding="utf-8") as f:
   json.dump({**report, "read": read, "devices": jax.local_device_count(), "processes": jax.process_count()}, f)

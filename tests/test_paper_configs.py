@@ -217,3 +217,44 @@ def test_records_refuse_the_procedural_probes(key, tmp_path):
   c[section][name] = 100
   with pytest.raises(config_checks.ConfigError, match=f"{key}=100: must be 0 with data.source='records'"):
     config_checks.validate(c, num_devices=DEVICES)
+
+
+@pytest.fixture(scope="module")
+def smoke_records(tmp_path_factory):
+  """The smoke variants' stand-in footage (``python -m jaxwm.data.procedural --export``) ingested with the
+  built-in tiny encoders, as configs/_smoke.py's commands do (32x32 pixels here: 2x2 latents, faster)."""
+  from configs import _smoke  # pylint: disable=g-import-not-at-top
+  from jaxwm.data.procedural.export import export  # pylint: disable=g-import-not-at-top
+  d = tmp_path_factory.mktemp("smoke")
+  export(d / "in", clips=2, frames=41, size=(32, 32))
+  summary = ingest.ingest(d / "in" / "videos", d / "records", height=32, width=32, clip_frames=41,
+                          cameras=d / "in" / "cameras", captions=d / "in" / "captions.jsonl",
+                          encoder=ingest.make_encoder(_smoke.VAE), text_encoder=ingest.make_text_encoder(
+                              _smoke.TEXT_ENCODER), progress=False)
+  assert summary["new_clips"] == 2 and summary["rejected"] == 0
+  return d
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_smoke_variant_trains_on_cpu(name, smoke_records, tmp_path):
+  """``configs/<paper>_5b.py:smoke``: the recipe's code path (records with VAE latents and text, its encoding,
+  sparsity, memory, layout and masks) trains on the CPU; only sizes, steps and kernels differ from the recipe."""
+  from jaxwm import tasks  # pylint: disable=g-import-not-at-top
+  module = PAPERS[name]
+  full, c = module.get_config(), module.get_config("smoke")
+  c.data.data_dir = str(smoke_records / "records")
+  c.train.update(num_steps=2, ckpt_every=2, log_every=1)
+  config_checks.validate(c, num_devices=2)
+  kept = ["model.camera.encoding", "model.camera.plucker", "model.attention.sparsity", "model.loci.enabled",
+          "recipe.layout", "recipe.chunk_size", "recipe.chunk_drop.enabled", "recipe.head_windows.enabled",
+          "recipe.text_dropout", "data.source", "data.palindrome_prob", "data.scale_divisor", "optim.lr",
+          "model.remat", "mesh.fsdp"]
+  assert {k: _get(c, k) for k in kept} == {k: _get(full, k) for k in kept}
+  assert c.train.workdir == f"runs/{module.__name__.split('.')[-1]}_smoke"
+  from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top
+  mesh = sh.make_mesh(1, 2, jax.devices()[:2])  # the recipe's FSDP mesh over 2 devices: parameters and batch split
+  _, history = tasks.run(c, tmp_path / "run", mesh=mesh, progress=False)
+  assert len(history) == 2 and all(np.isfinite(history))
+  with pytest.raises(ValueError, match="not one of"):
+    module.get_config("tiny")

@@ -20,6 +20,7 @@ and prints per-device memory, FLOPs and a roofline bound (``jaxwm.training.compi
 
 import importlib.util
 import pathlib
+import signal
 import sys
 
 from absl import app, flags
@@ -156,6 +157,8 @@ def _main(argv):
   except RunRefusedError as e:  # locked workdir, another model's checkpoint, no intact checkpoint
     _refuse(e)
   except StopRequested as e:  # SIGTERM / SIGINT: the step it stopped at is checkpointed
+    for name in ("SIGTERM", "SIGINT"):  # on the way out: a further signal during shutdown must not change the code
+      signal.signal(getattr(signal, name), signal.SIG_IGN)
     print(f"train.py: {e}", file=sys.stderr)
     sys.exit(STOPPED_EXIT_CODE)
   if history:

@@ -3,6 +3,8 @@
   python -m jaxwm.data.procedural --preview loop.gif
   python -m jaxwm.data.procedural --preview loop.mp4 --axes yaw+pitch --magnitude 90 --size 128 --frames 61
   python -m jaxwm.data.procedural --build data/tfds --config tiny
+  python -m jaxwm.data.procedural --export data/smoke_videos --clips 4 --frames 41 --size 64
+      # MP4s + RealEstate10K camera files + captions: a stand-in for your own videos (jaxwm.data.ingest's input)
 """
 
 import argparse
@@ -26,9 +28,19 @@ def main(argv=None):
   p.add_argument("--trajectory", type=int, default=0, help="trajectory seed")
   p.add_argument("--build", metavar="DATA_DIR", help="build the TFDS train/eval splits (array_record) here")
   p.add_argument("--config", default="tiny", help="TFDS builder config for --build")
+  p.add_argument("--export", metavar="DIR", help="write --clips videos, camera files and captions here")
+  p.add_argument("--clips", type=int, default=4, help="--export: number of clips")
   args = p.parse_args(argv)
-  if not args.preview and not args.build:
-    p.error("give --preview PATH and/or --build DATA_DIR")
+  if not args.preview and not args.build and not args.export:
+    p.error("give --preview PATH, --build DATA_DIR and/or --export DIR")
+  if args.export:
+    if args.clips < 1 or args.frames < 2 or args.size < 16 or args.size % 2:
+      p.error(f"--export: --clips >= 1, --frames >= 2 and an even --size >= 16; got {args.clips}, {args.frames}, "
+              f"{args.size}")
+    from jaxwm.data.procedural.export import export  # pylint: disable=g-import-not-at-top
+    stems = export(args.export, args.clips, args.frames, (args.size, args.size))
+    print(f"wrote {len(stems)} videos of {args.frames} frames at {args.size}x{args.size} to {args.export}/videos, "
+          f"their cameras (RealEstate10K) to {args.export}/cameras and captions to {args.export}/captions.jsonl")
   if args.preview:
     from jaxwm.data.procedural.clips import make_clip  # pylint: disable=g-import-not-at-top
     from jaxwm.utils.media import side_by_side, write_video  # pylint: disable=g-import-not-at-top
