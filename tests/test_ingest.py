@@ -302,3 +302,56 @@ def test_a_damaged_shard_is_named(inputs, tmp_path):
   with pytest.raises(records.DamagedRecordError, match=rf"shard {shard.name} of split 'train' cannot be opened"):
     RecordClips(tmp_path / "ds")
   assert len(good) >= 2
+
+
+def test_two_processes_equal_one(inputs, tmp_path):
+  """Two concurrent ``python -m jaxwm.data.ingest`` processes (``--process_index 0/1 --process_count 2``) into one
+  folder: each writes its share's shards and part manifest, the last to finish merges ``manifest.json``, and the
+  dataset holds the records a one-process run writes (every record equal, byte for byte), the same rejects (a
+  duplicate stem in another process's share included); a rerun resumes per process, another count is refused."""
+  import os  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  vids = tmp_path / "videos"
+  shutil.copytree(inputs["videos"], vids)
+  shutil.copy(vids / "a.mp4", vids / "a.mov")  # a duplicate stem: one-process rejects the later one
+  args = ["--videos", str(vids), "--cameras", str(inputs["cameras"]), "--captions", str(inputs["captions"]),
+          "--height", "32", "--width", "32", "--clip_frames", "5", "--stride", "2", "--shard_size", "1",
+          "--no_progress"]
+  assert run_cli(ing.main, args + ["--out", str(tmp_path / "one")], "ingest") == 0
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+  def launch(i, n=2):
+    return subprocess.Popen([sys.executable, "-m", "jaxwm.data.ingest", *args, "--out", str(tmp_path / "two"),
+                             "--process_index", str(i), "--process_count", str(n)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  procs = [launch(0), launch(1)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs
+  assert any("every part is finished" in o for o, _ in outs), outs
+  assert sum("(process 0 of 2: 4 of 8)" in o or "(process 1 of 2: 4 of 8)" in o for o, _ in outs) == 2
+  one, two = RecordClips(tmp_path / "one"), RecordClips(tmp_path / "two")
+  m1, m2 = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("one", "two"))
+  assert m2["processes"] == 2 and m2["settings"] == m1["settings"] and m2["done"] == m1["done"]
+  keys = lambda m: sorted(k for sh in m["shards"] for k in sh["clips"])  # pylint: disable=unnecessary-lambda-assignment
+  assert keys(m1) == keys(m2) == ["a/0", "b/0", "c/0"]
+  # Sorted, process 0 takes a.mov, b, c, nocam and process 1 a.mp4 (the duplicate), broken, nanpose, wrongcount.
+  assert {sh["file"].split("-of-")[0] for sh in m2["shards"]} == {"train-part000"}
+  by_key = lambda src: {json.loads(src[i]["meta"])["stem"]: src[i] for i in range(len(src))}  # pylint: disable=unnecessary-lambda-assignment
+  r1, r2 = by_key(one), by_key(two)
+  for stem in r1:
+    assert r1[stem].keys() == r2[stem].keys()
+    for k in r1[stem]:
+      np.testing.assert_array_equal(r1[stem][k], r2[stem][k], err_msg=f"{stem} {k}")
+  rejects = lambda d: sorted(json.loads(x)["video"] for x in (d / "rejects.jsonl").read_text().splitlines())  # pylint: disable=unnecessary-lambda-assignment
+  assert rejects(tmp_path / "one") == rejects(tmp_path / "two") == sorted(
+      ["a.mp4", "broken.mp4", "nanpose.mp4", "nocam.mp4", "wrongcount.mp4"])
+  assert (tmp_path / "two" / "null_text.npy").exists() == (tmp_path / "one" / "null_text.npy").exists()
+  again = launch(1)
+  out, err = again.communicate(timeout=300)
+  assert again.returncode == 0 and "0 new clips" in out and "every part is finished" in out, (out, err)
+  wrong = launch(0, 3)
+  out, err = wrong.communicate(timeout=300)
+  assert wrong.returncode == 2 and "parts of an ingestion by [2] process(es)" in err and err.count("\n") == 1, err

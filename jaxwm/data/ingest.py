@@ -19,6 +19,10 @@ shard file per ``--shard_size`` clips, each written to a temporary name then ren
 ``manifest.json`` lists the finished shards; a second run skips videos whose clips are all in
 finished shards. Bad inputs are skipped with a reason in ``rejects.jsonl`` (delete a line to
 retry that video). Every argument is checked first: a refusal is one line and exit code 2.
+
+Many processes (the hosts of a pod: ``--distributed``, or ``--process_index i --process_count n``) ingest one
+folder together, each taking every n-th video, and the last to finish merges the manifest
+(:mod:`jaxwm.data.ingest_parts`).
 """
 
 import collections
@@ -32,7 +36,7 @@ import sys
 
 import numpy as np
 
-from jaxwm.data import records
+from jaxwm.data import ingest_parts, records
 from jaxwm.data.video import VIDEO_SUFFIXES, adjust_intrinsics, read_video, resample_indices
 from jaxwm.encoders import autoencoder_strides, caption_encoder, latent_encoder, space_to_depth_encoder
 from jaxwm.encoders import CaptionEncoder as TextEncoder  # noqa: F401  (the name plug-ins used before jaxwm.encoders)
@@ -249,8 +253,16 @@ class _Run:
 
   def __init__(self, s):
     self.s, self.out = s, pathlib.Path(s["out"])
+    index, count = s["process_index"], s["process_count"]
+    self.manifest_path = ingest_parts.manifest_path(self.out, index, count)
+    self.rejects_path = ingest_parts.rejects_path(self.out, index, count, REJECTS)
+    self.prefix = ingest_parts.shard_prefix(s["split"], index, count)
     settings = _content_settings(s)
-    self.manifest = records.read_manifest(self.out)
+    if self.out.is_dir():
+      bad = ingest_parts.check_layout(self.out, count)
+      if bad:
+        raise SettingsError(f"--out={str(self.out)!r}: {bad}")
+    self.manifest = json.loads(self.manifest_path.read_text()) if self.manifest_path.is_file() else None
     if self.manifest is not None and self.manifest["settings"] != settings:
       diff = [f"{k}={self.manifest['settings'].get(k)!r} (now {v!r})" for k, v in settings.items()
               if self.manifest["settings"].get(k) != v]
@@ -259,15 +271,17 @@ class _Run:
     self.out.mkdir(parents=True, exist_ok=True)
     for tmp in self.out.glob(".*.tmp*"):  # leftovers of a crashed run
       tmp.unlink()
-    if self.manifest is None:
-      self.manifest = {"settings": settings, "latent_shape": None, "shards": [], "done": {}}
-      write_json(self.out / records.MANIFEST, self.manifest)
+    if self.manifest is None or count > 1:  # a part is unfinished until this run ends
+      self.manifest = self.manifest or {"settings": settings, "latent_shape": None, "shards": [], "done": {}}
+      if count > 1:
+        self.manifest["finished"] = False
+      write_json(self.manifest_path, self.manifest)
     self.done = self.manifest["done"].setdefault(s["split"], {})
     self.written = {key for sh in self.manifest["shards"] if sh["split"] == s["split"] for key in sh["clips"]}
     self.count = collections.Counter(key.rsplit("/", 1)[0] for key in self.written)  # written clips per stem
     self.rejected = set()
-    if (self.out / REJECTS).is_file():
-      for line in (self.out / REJECTS).read_text().splitlines():
+    if self.rejects_path.is_file():
+      for line in self.rejects_path.read_text().splitlines():
         r = json.loads(line) if line.strip() else {}
         if r.get("split") == s["split"]:
           self.rejected.add(r.get("video"))
@@ -275,7 +289,7 @@ class _Run:
     self.new_clips = self.new_shards = self.new_rejects = 0
 
   def reject(self, video, reason):
-    with open(self.out / REJECTS, "a") as f:
+    with open(self.rejects_path, "a") as f:
       f.write(json.dumps({"split": self.s["split"], "video": video.name, "reason": reason}) + "\n")
     self.rejected.add(video.name)
     self.new_rejects += 1
@@ -306,7 +320,7 @@ class _Run:
       emb = np.asarray(s["text_encoder"].fn([c["caption"] for c in self.pending])).astype(s["dtype"])
       null_path = self.out / records.NULL_TEXT
       if not null_path.exists():  # the empty prompt's embedding: text dropout and guidance in training
-        tmp = self.out / f".{records.NULL_TEXT}.tmp"
+        tmp = self.out / f".{records.NULL_TEXT}.tmp{os.getpid()}"
         with open(tmp, "wb") as fh:
           np.save(fh, np.asarray(s["text_encoder"].fn([""]))[0].astype(s["dtype"]))
         os.replace(tmp, null_path)
@@ -333,7 +347,7 @@ class _Run:
     while len(self.buffer) >= n or (final and self.buffer):
       chunk, self.buffer = self.buffer[:n], self.buffer[n:]
       index = sum(sh["split"] == self.s["split"] for sh in self.manifest["shards"])
-      name = f"{self.s['split']}-{index:05d}.array_record"
+      name = f"{self.prefix}-{index:05d}.array_record"
       tmp = self.out / f".{name}.tmp{os.getpid()}"
       writer = ArrayRecordWriter(str(tmp), "group_size:1")
       for _, data in chunk:
@@ -349,7 +363,17 @@ class _Run:
         self.count[stem] += sum(key.rsplit("/", 1)[0] == stem for key in keys)
         if self.count[stem] == self.totals[stem]:
           self.done[stem] = self.totals[stem]
-      write_json(self.out / records.MANIFEST, self.manifest)
+      write_json(self.manifest_path, self.manifest)
+
+  def finish(self):
+    """Multi-process: marks this part finished and merges the manifest when every part is. Returns the
+    number of finished parts (1 for one process)."""
+    count = self.s["process_count"]
+    if count == 1:
+      return 1
+    self.manifest["finished"] = True
+    write_json(self.manifest_path, self.manifest)
+    return ingest_parts.merge(self.out, count, REJECTS)
 
 
 def _prepare(s, video, cameras_dir, captions):
@@ -394,7 +418,8 @@ def _prepare(s, video, cameras_dir, captions):
 
 def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=None, fps=None, stride=None, hop=None,
            split="train", shard_size=64, batch_size=8, encoder=None, text_encoder=None, dtype="float32",
-           max_clips_per_video=0, camera_format="auto", require_captions=False, progress=True):
+           max_clips_per_video=0, camera_format="auto", require_captions=False, progress=True, process_index=0,
+           process_count=1):
   """Ingests a folder of videos (see module doc); arguments as the CLI's flags.
 
   Args:
@@ -402,6 +427,9 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
     text_encoder: a :class:`jaxwm.encoders.CaptionEncoder` or None (captions stored as strings only).
     require_captions: with ``captions``, a video whose stem has none is rejected (else it is ingested with the
       empty caption, and counted and named in the summary).
+    process_index, process_count: this process's share of the videos (:mod:`jaxwm.data.ingest_parts`): every
+      ``process_count``-th video from the ``process_index``-th, its own shards and part manifest; the last
+      process to finish writes ``manifest.json``.
 
   Returns:
     dict with ``new_clips``, ``new_shards``, ``rejected`` (new), ``skipped`` (done or rejected
@@ -414,8 +442,11 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
   s = dict(videos=videos, out=out, height=height, width=width, clip_frames=clip_frames, cameras=cameras,
            captions=captions, fps=fps, stride=stride, hop=hop, split=split, shard_size=shard_size,
            batch_size=batch_size, encoder=encoder or space_to_depth_encoder(), text_encoder=text_encoder,
-           dtype=dtype, max_clips_per_video=max_clips_per_video, camera_format=camera_format)
+           dtype=dtype, max_clips_per_video=max_clips_per_video, camera_format=camera_format,
+           process_index=process_index, process_count=process_count)
   check_settings(s)
+  if not 0 <= process_index < process_count:
+    raise SettingsError(f"--process_index={process_index!r}: must be in [0, --process_count={process_count})")
   if require_captions and captions is None:
     raise SettingsError("--require_captions: needs --captions (the file or folder the captions are in)")
   if s["fps"] is None and s["stride"] is None:
@@ -426,18 +457,22 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
   vids = sorted(p for p in pathlib.Path(videos).iterdir() if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
   if not vids:
     raise SettingsError(f"--videos={str(videos)!r}: no videos ({' '.join(VIDEO_SUFFIXES)})")
+  first = {}
+  for g, v in enumerate(vids):
+    first.setdefault(v.stem, g)
+  duplicate = {v.name for g, v in enumerate(vids) if first[v.stem] != g}  # a later video with an earlier one's stem
+  n_all, vids = len(vids), vids[process_index::process_count]  # this process's share
   run = _Run(s)
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  skipped, seen, uncaptioned = 0, set(), []
+  skipped, uncaptioned = 0, []
   bar = tqdm(vids, desc="ingest", unit="video", disable=not progress, file=sys.stderr)
   for video in bar:
     if video.stem in run.done or video.name in run.rejected:
       skipped += 1
       continue
     try:
-      if video.stem in seen:
+      if video.name in duplicate:
         raise _Reject(f"duplicate stem {video.stem!r} (another video has it)")
-      seen.add(video.stem)
       missing = captions is not None and video.stem not in caps
       if missing and require_captions:
         raise _Reject(f"no caption for {video.stem!r} in --captions={str(captions)!r} (--require_captions)")
@@ -448,11 +483,23 @@ def ingest(videos, out, *, height, width, clip_frames, cameras=None, captions=No
       run.reject(video, " ".join(str(e).split()))
     bar.set_postfix(clips=run.new_clips + len(run.buffer) + len(run.pending), rejected=run.new_rejects)
   run.flush(final=True)
+  finished = run.finish()
   total = sum(sh["num_clips"] for sh in run.manifest["shards"] if sh["split"] == split)
   n_shards = sum(sh["split"] == split for sh in run.manifest["shards"])
-  summary = (f"ingest: {len(vids)} videos: {run.new_clips} new clips in {run.new_shards} new shards, "
-             f"{run.new_rejects} rejected" + (f" (reasons in {run.out / REJECTS})" if run.new_rejects else "") +
-             f", {skipped} done or rejected before; {run.out} holds {total} {split} clips in {n_shards} shards")
+  who = "" if process_count == 1 else f" (process {process_index} of {process_count}: {len(vids)} of {n_all})"
+  summary = (f"ingest{who}: {len(vids)} videos: {run.new_clips} new clips in {run.new_shards} new shards, "
+             f"{run.new_rejects} rejected" + (f" (reasons in {run.rejects_path})" if run.new_rejects else "") +
+             f", {skipped} done or rejected before; ")
+  if process_count == 1:
+    summary += f"{run.out} holds {total} {split} clips in {n_shards} shards"
+  elif finished == process_count:
+    merged = records.read_manifest(run.out)
+    total = sum(sh["num_clips"] for sh in merged["shards"] if sh["split"] == split)
+    summary += (f"every part is finished: {run.out}/{records.MANIFEST} merged, {total} {split} clips in "
+                f"{sum(sh['split'] == split for sh in merged['shards'])} shards")
+  else:
+    summary += (f"this part holds {total} {split} clips; {finished} of {process_count} parts finished (the last "
+                f"process to finish writes {records.MANIFEST})")
   if uncaptioned:
     names = ", ".join(uncaptioned[:5]) + (f", ... ({len(uncaptioned) - 5} more)" if len(uncaptioned) > 5 else "")
     summary += (f"; {len(uncaptioned)} video(s) had no caption in {captions} and were ingested with the empty "
@@ -489,8 +536,35 @@ def _parser():
                  help="none, umt5:<tokenizer>,<weights>, umt5-tiny:<seed>, or a plug-in module:factory / "
                       "file.py:factory")
   p.add_argument("--dtype", default="float32", check=c["dtype"], help=f"latent and text storage, one of {DTYPES}")
+  p.add_argument("--process_index", type=int, default=None, check=Int(0),
+                 help="this process's index among --process_count processes ingesting the same --videos into the "
+                      "same --out (a shared file system); default 0, or jax.process_index() with --distributed")
+  p.add_argument("--process_count", type=int, default=None, check=Int(1), help="processes in the job (default 1)")
+  p.add_argument("--distributed", action="store_true",
+                 help="join jax.distributed (TPU pods and SLURM are detected; else JAX_COORDINATOR_ADDRESS, "
+                      "JAX_NUM_PROCESSES, JAX_PROCESS_ID) and take the index and count from it")
   p.add_argument("--no_progress", action="store_true")
   return p
+
+
+def _process_share(kw):
+  """Sets ``process_index`` / ``process_count`` from the flags or, with ``--distributed``, from jax.distributed."""
+  distributed = kw.pop("distributed")
+  if distributed:
+    if kw["process_index"] is not None or kw["process_count"] is not None:
+      raise SettingsError("--distributed takes the process index and count from jax.distributed: drop "
+                          "--process_index/--process_count")
+    import jax  # pylint: disable=g-import-not-at-top
+    if not jax.distributed.is_initialized():
+      env = {"num_processes": int(os.environ["JAX_NUM_PROCESSES"]), "process_id": int(os.environ["JAX_PROCESS_ID"])} \
+          if "JAX_NUM_PROCESSES" in os.environ and "JAX_PROCESS_ID" in os.environ else {}
+      jax.distributed.initialize(**env)
+    kw["process_index"], kw["process_count"] = jax.process_index(), jax.process_count()
+  kw["process_count"] = kw["process_count"] or 1
+  kw["process_index"] = kw["process_index"] or 0
+  if kw["process_index"] >= kw["process_count"]:
+    raise SettingsError(f"--process_index={kw['process_index']!r}: must be in [0, --process_count="
+                        f"{kw['process_count']})")
 
 
 def main(argv=None):
@@ -506,6 +580,11 @@ def main(argv=None):
       check_strides(kw, *strides, kw["vae"])
     if kw["require_captions"] and kw["captions"] is None:  # before any encoder is built
       raise SettingsError("--require_captions: needs --captions (the file or folder the captions are in)")
+    _process_share(kw)
+    if pathlib.Path(kw["out"]).is_dir():  # before any encoder is built
+      bad = ingest_parts.check_layout(kw["out"], kw["process_count"])
+      if bad:
+        raise SettingsError(f"--out={kw['out']!r}: {bad}")
     progress = not kw.pop("no_progress")
     kw["encoder"] = make_encoder(kw.pop("vae"))
     kw["text_encoder"] = make_text_encoder(kw.pop("text_encoder"))
