@@ -2,10 +2,11 @@
 
   python train.py --config configs/distill.py --config.distill.teacher=runs/tiny --workdir runs/tiny_distill
   python train.py --config configs/distill.py:small --config.distill.teacher=runs/small ...   # another teacher config
+  python train.py --config configs/distill.py:viewrope_5b:smoke --config.distill.teacher=runs/viewrope_5b_smoke
   python sample.py --workdir runs/tiny --adapter runs/tiny_distill/adapter                   # 4 steps, merged
 
-The config is the teacher's training config (``configs/<arg>.py``, default ``tiny``; the model must be the
-teacher's) plus a ``distill`` block. The run reads only first frames and camera paths of the training clips.
+The config is the teacher's training config (``configs/<arg>.py``, default ``tiny``; ``<name>:<variant>`` for a
+variant; the model must be the teacher's) plus a ``distill`` block. The run reads only first frames and camera paths of the training clips.
 """
 
 import importlib
@@ -17,9 +18,10 @@ from jaxwm.settings import defaults
 
 
 def get_config(arg=None):
-  base = importlib.import_module(f"configs.{arg or 'tiny'}")
-  c = base.get_config()
-  c.train.workdir = f"runs/{arg or 'tiny'}_distill"
+  name, _, variant = (arg or "tiny").partition(":")
+  base = importlib.import_module(f"configs.{name}")
+  c = base.get_config(variant) if variant else base.get_config()
+  c.train.workdir = f"runs/{name}{'_' + variant if variant else ''}_distill"
   c.train.task = "distill"  # jaxwm.tasks: train.py runs jaxwm.distill.loop
   c.distill = ml_collections.ConfigDict(defaults(DistillConfig))  # jaxwm.distill.loop.DistillConfig documents each key
   c.distill.shift = c.sample.shift  # the student samples with the teacher's schedule shift

@@ -258,3 +258,11 @@ def test_smoke_variant_trains_on_cpu(name, smoke_records, tmp_path):
   assert len(history) == 2 and all(np.isfinite(history))
   with pytest.raises(ValueError, match="not one of"):
     module.get_config("tiny")
+
+
+def test_distill_config_takes_a_variant():
+  from configs import distill  # pylint: disable=g-import-not-at-top
+  c = distill.get_config("viewrope_5b:smoke")
+  assert c.train.task == "distill" and c.train.workdir == "runs/viewrope_5b_smoke_distill"
+  assert c.model.dim == viewrope_5b.get_config("smoke").model.dim == 64
+  assert distill.get_config().train.workdir == "runs/tiny_distill"
