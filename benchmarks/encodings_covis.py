@@ -9,7 +9,8 @@ from its last checkpoint (every 300 steps, and at a SIGTERM). Each run: `train.p
 ``configs/encodings.py:<arm>``, ``--config.train.num_steps=<steps>`` (the cosine schedule spans them), then
 ``jaxwm.evaluation.loop_closure.evaluate`` on loops (full memory) and walks, 4 Euler steps. The report pools
 co-visible PSNR over every scored in-between frame; intervals are 95% bootstrap over seeds, then clips (a clip's
-value is the mean over its scored frames).
+value is the mean over its scored frames). A second table gives paired differences between arms (the same seeds
+and clips: every arm is scored on the same eval loops and walks), whose intervals decide the ranking.
 """
 
 import argparse
@@ -30,6 +31,9 @@ import reproduction  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-imp
 from configs.encodings import ARMS  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 FAMILIES = ("loops", "walks")
+# (better?, than) pairs the ranking rests on; each also read the other way when its interval is below 0
+PAIRS = (("worldrope", "viewrope"), ("viewrope", "plucker"), ("viewrope", "gta"), ("plucker", "gta"),
+         ("gta", "rope3d"), ("prope", "gta"), ("mrope", "gta"), ("plucker", "rope3d"))
 
 
 def _train(args, arm, seed, wd):
@@ -65,6 +69,13 @@ def _clip_values(rows, key="covis_psnr"):
     f = [x[key] for x in r.get("covis_per_frame", []) if x.get(key) is not None]
     vals.append(float(np.mean(f)) if f else np.nan)
   return vals
+
+
+def _values(rows, key):
+  """Per clip: the return frame's value, or the mean of ``key`` over the scored frames."""
+  if key == "return_psnr":
+    return [r[key] if r[key] is not None else np.nan for r in rows]
+  return _clip_values(rows, key)
 
 
 def _pooled(rows, key="covis_psnr"):
@@ -110,6 +121,17 @@ def report(args, seeds):
       cells.append(fmt(ci))
     summary[arm] = pooled
     lines.append(f"| {arm} | {len(got)} | " + " | ".join(cells) + " |")
+  lines += ["", "Paired differences (first arm minus second; per clip, the same seeds; [95% bootstrap over seeds, "
+            "then clips]):", "", "| arms | loops co-visible | loops return | walks co-visible |", "| --- | --- | --- | --- |"]
+  for a, b in PAIRS:
+    common = [s for s in seeds if (a, s) in res and (b, s) in res]
+    if not common or a not in args.arms or b not in args.arms:
+      continue
+    cells = []
+    for f, key in (("loops", "covis_psnr"), ("loops", "return_psnr"), ("walks", "covis_psnr")):
+      cells.append(fmt(bootstrap([np.subtract(_values(res[(a, s)]["families"][f], key),
+                                              _values(res[(b, s)]["families"][f], key)) for s in common])))
+    lines.append(f"| {a} - {b} ({len(common)} seeds) | " + " | ".join(cells) + " |")
   text = "\n".join(lines) + "\n"
   out = pathlib.Path(args.results) / "encodings.md"
   out.write_text(text)
