@@ -7,6 +7,7 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
   python benchmarks/train_step.py --configs recipe_w192,recipe_w384   # the CPU recipe's two widths
   python benchmarks/train_step.py --configs tiny,tiny_p2              # patch 1 (the default) against patch 2
   python benchmarks/train_step.py --configs tiny_viewrope_tf,tiny_worldrope_tf,tiny_viewrope_df,tiny --steps 3
+  python benchmarks/train_step.py --configs tiny,recipe_w384 --attention-impls xla,xla_lse   # one row per impl
 
 Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update).
 """
@@ -76,7 +77,8 @@ def _backbone_shapes(config):
 def bench_jaxwm_backbone(config, steps):
   """Backbone only, shapes and work as the torch step: dense attention, 1-token cross-attention."""
   b, s, lat, ch = _backbone_shapes(config)
-  cfg = ModelConfig.from_dict({**config.model, "cross_attn": True, "camera": {"encoding": "rope3d"}})
+  cfg = ModelConfig.from_dict({**config.model, "cross_attn": True, "camera": {"encoding": "rope3d"},
+                               "attention_impl": config.model.attention_impl})
   model = WanModel(cfg)
   x = jax.random.normal(jax.random.key(0), (b, s, lat, lat, ch))
   n_tok = s * (lat // cfg.patch_size[1]) * (lat // cfg.patch_size[2])
@@ -163,6 +165,8 @@ def main():
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--configs", default="tiny,small")
   p.add_argument("--torch-threads", type=int, default=os.cpu_count())
+  p.add_argument("--attention-impls", default="",
+                 help="comma-separated model.attention_impl values, one row each (default: the config's)")
   args = p.parse_args()
   if args.steps < 1:
     p.error(f"--steps: {args.steps} is not a positive integer")
@@ -175,18 +179,30 @@ def main():
         f"{rate / 1e9:.1f} GFLOP/s (2048^3)")
   print(f"{'config':>7} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} | "
         f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9}")
+  from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
+  impls = [i for i in args.attention_impls.split(",") if i]
+  bad = [i for i in impls if i not in ATTENTION_IMPLS]
+  if bad:
+    p.error(f"--attention-impls: {bad} not among {ATTENTION_IMPLS}")
   for name in names:
-    config = CONFIGS[name]()
-    resolve_batch_size(config, 1)  # data.batch_size=0: per_device_batch_size on the one device used here
-    config.train.workdir = "/tmp/jaxwm_bench"
-    dt, tokens, flops = bench_jaxwm(config, args.steps)
-    bdt, btok = bench_jaxwm_backbone(config, args.steps)
-    tdt, ttok = bench_torch(config, args.steps, args.torch_threads)
-    cfg = ModelConfig.from_dict(config.model)
-    n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
-    print(f"{name:>7} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
-          f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
-          f"{tdt / bdt:>8.2f}x")
+    torch_dt = None
+    for impl in impls or [None]:
+      config = CONFIGS[name]()
+      resolve_batch_size(config, 1)  # data.batch_size=0: per_device_batch_size on the one device used here
+      config.train.workdir = "/tmp/jaxwm_bench"
+      if impl is not None:
+        config.model.attention_impl = impl
+      dt, tokens, flops = bench_jaxwm(config, args.steps)
+      bdt, btok = bench_jaxwm_backbone(config, args.steps)
+      if torch_dt is None:  # torch once per config: the same step whatever jaxwm's impl
+        torch_dt = bench_torch(config, args.steps, args.torch_threads)
+      tdt, ttok = torch_dt
+      cfg = ModelConfig.from_dict(config.model)
+      n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
+      label = name if impl is None else f"{name}[{impl}]"
+      print(f"{label:>7} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
+            f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
+            f"{tdt / bdt:>8.2f}x", flush=True)
   print("MFU = XLA-counted FLOPs of the step / step time / measured matmul rate; "
         "jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
 

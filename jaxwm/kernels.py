@@ -13,9 +13,11 @@ and one line in its row of :data:`IMPLEMENTATIONS` (or :func:`register_implement
 ``model.attention.impl`` / ``model.loci.impl`` then accept its name.
 
 Dense attention with a token mask (:func:`dot_product_attention`, ``model.attention_impl``) has its
-own names, :data:`ATTENTION_IMPLS`: ``"xla"`` (the reference), ``"splash"`` (TPU splash attention,
+own names, :data:`ATTENTION_IMPLS`: ``"xla"`` (the reference), ``"xla_lse"`` (the same maths with a backward that
+keeps the log-sum-exp instead of the probabilities, ``xla_kernels.softmax_attention``: faster and leaner on CPU),
+``"splash"`` (TPU splash attention,
 ``pallas_kernels.splash_attention``), ``"cudnn"`` (``jax.nn.dot_product_attention`` with cuDNN) and
-``"auto"`` (splash on TPU, cuDNN on GPU, else the reference; logged).
+``"auto"`` (splash on TPU, cuDNN on GPU, else ``xla_lse``; logged).
 
 Under a device mesh, XLA cannot partition a Pallas call: ``batch_axes`` (the mesh axes the leading
 batch axis is sharded over, e.g. ``("data", "fsdp")``) runs the kernel per batch shard inside
@@ -38,6 +40,7 @@ from jaxwm.ops import frame_sparse as fs_ref
 from pallas_kernels import delta_rule as dr_kernels
 from pallas_kernels import frame_sparse_attention as fs_kernels
 from pallas_kernels import splash_attention as splash_kernel
+from xla_kernels import softmax_attention as xla_attention
 
 REFERENCE = "xla"
 # operator -> {impl name: kernel}; the reference (REFERENCE) is the operator's jaxwm.ops function.
@@ -51,7 +54,7 @@ IMPLEMENTATIONS = {
         "pallas_gpu": dr_kernels.gpu_delta_rule,
     },
 }
-ATTENTION_IMPLS = ("xla", "splash", "cudnn", "auto")  # dense attention (model.attention_impl): its own dispatch
+ATTENTION_IMPLS = ("xla", "xla_lse", "splash", "cudnn", "auto")  # dense attention (model.attention_impl)
 
 
 def impls(op):
@@ -151,7 +154,7 @@ def resolve_attention_impl(impl):
     raise ValueError(f"model.attention_impl={impl!r}: must be one of {ATTENTION_IMPLS}")
   if impl == "auto":
     platform = target_platform()
-    impl = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
+    impl = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla_lse")
     logging.info("model.attention_impl 'auto' resolved to %r for platform %r", impl, platform)
   return impl
 
@@ -179,6 +182,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
       raise ValueError(f"model.attention_impl='cudnn' needs a CUDA GPU with cuDNN: {e}") from e
   if impl == "xla":
     return attn_ref.dot_product_attention(q, k, v, mask, scale=scale)
+  if impl == "xla_lse":  # jnp: XLA partitions it under a mesh like the reference
+    return xla_attention.attention(q, k, v, mask, scale=scale)
   frame, per_frame = None, None
   if isinstance(mask, attn_ref.StaticFrameMask):  # splash computes its blocks on the host, no [L, L] array
     frame, mask = (mask.frames, mask.tokens_per_frame), None
@@ -210,6 +215,20 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
 
   args = (q, k, v, jnp.asarray(mask)) if dynamic else (q, k, v)
   return per_batch_shard(fn, batch_axes, *args, head_axes=head_axes, specs=specs)
+
+
+def softmax_attention(logits, args, v, mask=None, *, impl="xla"):
+  """Attention over any logits function (``jaxwm.ops.attention.softmax_attention``; WorldRoPE's per-view keys) by
+  ``impl``: ``"xla"`` the reference, ``"xla_lse"`` the log-sum-exp backward (``xla_kernels.softmax_attention``).
+  ``"auto"`` resolves as for :func:`dot_product_attention`; a kernel without this form (``splash``, ``cudnn``) is
+  refused (``ValueError``)."""
+  impl = resolve_attention_impl(impl)
+  if impl == "xla":
+    return attn_ref.softmax_attention(logits, args, v, mask)
+  if impl == "xla_lse":
+    return xla_attention.softmax_attention(logits, args, v, mask)
+  raise ValueError(f"model.attention_impl={impl!r}: attention over a logits function (per-view keys) has the "
+                   "implementations 'xla' and 'xla_lse'")
 
 
 def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl="xla", interpret=False,

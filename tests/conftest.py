@@ -122,3 +122,9 @@ def tiny_checkpoint(tmp_path_factory):
   _, history = run(config, workdir, mesh=sharding.make_mesh(1, 1, jax.devices()[:1]), progress=False,
                    hooks=training_hooks(config))
   return workdir, config, history
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+  """Slow-marked tests first (a stable sort, the same on every xdist worker): the longest start while the
+  rest fill the other workers, instead of running alone at the end."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

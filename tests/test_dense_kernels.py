@@ -220,7 +220,7 @@ def test_xla_attention_lowers_for_cuda():
 
 def test_impls_are_checked_and_never_fall_back():
   q, k, v = _qkv(1, 8, 1, 8)
-  with pytest.raises(ValueError, match=r"model.attention_impl='flash': must be one of \('xla', 'splash', 'cudnn'"):
+  with pytest.raises(ValueError, match=r"model.attention_impl='flash': must be one of \('xla', 'xla_lse', 'splash', 'cudnn'"):
     kernels.dot_product_attention(q, k, v, impl="flash")
 
   def splash(q, k, v):
@@ -232,12 +232,12 @@ def test_impls_are_checked_and_never_fall_back():
     jax.jit(jax.grad(lambda q: splash(q, k, v).sum()))(q)
   with pytest.raises(ValueError, match=refused + "cuda"):
     _cuda_export(splash, q, k, v)
-  assert kernels.resolve_attention_impl("auto") == "xla"  # on CPU; splash on TPU, cudnn on GPU
+  assert kernels.resolve_attention_impl("auto") == "xla_lse"  # on CPU; splash on TPU, cudnn on GPU
   from conftest import tiny_config  # pylint: disable=g-import-not-at-top
   from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
   c = tiny_config()
   c.model.attention_impl = "flash"
-  with pytest.raises(config_checks.ConfigError, match="model.attention_impl='flash': must be one of 'xla', 'splash'"):
+  with pytest.raises(config_checks.ConfigError, match="model.attention_impl='flash': must be one of 'xla', 'xla_lse', 'splash'"):
     config_checks.check_model(c)
   c.model.attention_impl = "splash"
   config_checks.check_model(c)  # viewrope: per-key transforms, kernels apply

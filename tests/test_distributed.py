@@ -78,7 +78,7 @@ def test_two_processes_train_like_one_survive_a_killed_peer_and_resume(tmp_path)
   process reading its own share of the records, both reporting the global loss, streams the sample the first run
   missed and one every 2 steps and runs the probes (no hang: every process takes part), and ends equal to one
   process with 8 devices fed the same global batches from step 0; its checkpoint restores in one process."""
-  heartbeat, total = 8, 20  # both runs: the cosine schedule spans the same steps
+  heartbeat, total = 8, 14  # both runs: the cosine schedule spans the same steps
   overrides = {"train.num_steps": total, "train.ckpt_every": 2, "train.sample_every": 0,
                "train.async_checkpoint": False, "train.heartbeat_timeout_s": heartbeat, "mesh.data": 1,
                "mesh.fsdp": -1}

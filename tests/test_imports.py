@@ -1,6 +1,7 @@
 """Import layering, checked on the source (``ast``), so imports inside functions count too:
 
-- ``jaxwm/ops`` holds references only: it imports nothing from ``pallas_kernels``;
+- ``jaxwm/ops`` holds references only: it imports nothing from ``pallas_kernels`` or ``xla_kernels``;
+- ``xla_kernels`` imports no reference (``jaxwm.ops``): they are tested against them;
 - ``jaxwm/sampling`` and ``jaxwm/cli/sample*.py`` (``sample.py``) import nothing from ``jaxwm.training``;
 - ``pallas_kernels`` uses only public names of ``jaxwm`` (no ``_private`` import or attribute);
 - the layering of :data:`LAYERS`: training never imports evaluation or distillation (probes and samples are hooks
@@ -97,12 +98,18 @@ def _hits(path, prefix):
 
 
 OPS, SAMPLING, KERNELS = _files("jaxwm/ops"), _files("jaxwm/sampling"), _files("pallas_kernels")
+XLA_KERNELS = _files("xla_kernels")
 SAMPLING += sorted((ROOT / "jaxwm" / "cli").glob("sample*.py"))  # sample.py's body and its helpers
 
 
 @pytest.mark.parametrize("path", OPS, ids=_ids(OPS))
 def test_references_import_no_kernel(path):
-  assert not _hits(path, "pallas_kernels")
+  assert not _hits(path, "pallas_kernels") and not _hits(path, "xla_kernels")
+
+
+@pytest.mark.parametrize("path", XLA_KERNELS, ids=_ids(XLA_KERNELS))
+def test_xla_kernels_import_no_reference(path):
+  assert not _hits(path, "jaxwm.ops") and not private_uses(path, "jaxwm")
 
 
 @pytest.mark.parametrize("path", SAMPLING, ids=_ids(SAMPLING))

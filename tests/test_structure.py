@@ -126,7 +126,7 @@ def test_pose_normalisation_is_causal_and_the_same_in_training_and_streaming(tmp
     cfg = ModelConfig(dim=32, num_heads=2, num_layers=1, ffn_dim=32, in_channels=12, out_channels=12, freq_dim=16,
                       camera=CameraConfig(encoding="record_poses", translation_scale=0.5, vae_stride=2))
     model = WanModel(cfg)
-    n = 41
+    n = 25
     rng = np.random.default_rng(0)
     traj = random_poses(rng, n, scale=3.0)
     traj = np.linalg.inv(traj[0]) @ traj  # re-anchored, as sample.py gives it
@@ -144,7 +144,7 @@ def test_pose_normalisation_is_causal_and_the_same_in_training_and_streaming(tmp
     streamed = _frame_poses(rec.seen)
     assert sorted(streamed) == list(range(n))
     clip = {"frames": np.zeros((n, 8, 8, 3), np.uint8), "c2w": traj, "intrinsics": k}
-    for frames, start in ((5, 0), (9, 0), (17, 0), (9, 13), (17, 24)):
+    for frames, start in ((5, 0), (9, 0), (17, 0), (9, 13), (17, 8)):
       window = ClipWindow(frames, 1, 8).random_map(clip, _FixedStart(start))
       layout = teacher_forcing_layout(frames, 2)
       loss = make_loss_fn(model, layout, tiny_config().recipe, 2)  # 8x8 frames -> 4x4x12 latents

@@ -20,12 +20,15 @@ each query frame attends with its own keys (:func:`per_view_attention`). The KV 
 the pre-transform keys and each key's Gaussians.
 """
 
+import functools
+
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxwm import kernels
 from jaxwm.encodings.base import CameraEncoding, per_token
 from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims, rope_frequencies
 from jaxwm.geometry.cameras import token_pixel_centers
@@ -198,30 +201,35 @@ def pair_channels(pair_idx):
   return np.asarray([c for p in pair_idx for c in (2 * p, 2 * p + 1)], np.int32)
 
 
-def per_view_attention(q, k, k_views, v, mask, tokens_per_frame, channels):
+def _per_view_logits(q_ch, k_views, q_rest, k_rest, *, scale):
+  """``[B, H, Fq * N, Lk]`` float32: ``(q_ch . k_views[f] + q_rest . k_rest) * scale`` for the query frames ``f``
+  (``q_ch``, ``q_rest`` ``[B, Fq, N, H, .]``)."""
+  b, fq, n, h, _ = q_ch.shape
+  logits = jnp.einsum("bfnhc,bfkhc->bhfnk", q_ch, k_views, preferred_element_type=jnp.float32)
+  if q_rest.shape[-1]:
+    logits = logits + jnp.einsum("bfnhc,bkhc->bhfnk", q_rest, k_rest, preferred_element_type=jnp.float32)
+  return logits.reshape(b, h, fq * n, -1) * scale
+
+
+def per_view_attention(q, k, k_views, v, mask, tokens_per_frame, channels, impl="xla"):
   """Softmax attention where each query frame ``f`` sees the keys' ``channels`` as ``k_views[:, f]``.
 
   Args:
     q: ``[B, Fq * N, H, D]``; k: ``[B, Lk, H, D]`` (the view-independent channels are read from it);
       k_views: ``[B, Fq, Lk, H, C]``, the ``C`` = len(``channels``) view-dependent channels;
       v: ``[B, Lk, H, D]``; mask: bool broadcastable to ``[B, Fq * N, Lk]`` or None.
+    impl: ``model.attention_impl`` (``jaxwm.kernels.softmax_attention``: ``xla`` or ``xla_lse``).
 
   Returns:
     ``[B, Fq * N, H, D]``: ``softmax((q_rest . k_rest + q_ch . k_views[f]) / sqrt(D)) v``.
   """
-  b, lq, h, d = q.shape
+  b, _, h, d = q.shape
   fq = k_views.shape[1]
   qf = q.reshape(b, fq, tokens_per_frame, h, d)
   rest = np.setdiff1d(np.arange(d), channels)
-  logits = jnp.einsum("bfnhc,bfkhc->bhfnk", qf[..., channels], k_views, preferred_element_type=jnp.float32)
-  if rest.size:
-    logits = logits + jnp.einsum("bfnhc,bkhc->bhfnk", qf[..., rest], k[..., rest],
-                                 preferred_element_type=jnp.float32)
-  logits = logits.reshape(b, h, lq, -1) * d**-0.5
-  if mask is not None:
-    logits = jnp.where(mask[:, None] if mask.ndim == 3 else mask, logits, -jnp.inf)
-  probs = jax.nn.softmax(logits, axis=-1)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v).astype(q.dtype)
+  args = (qf[..., channels], k_views, qf[..., rest], k[..., rest])
+  out = kernels.softmax_attention(functools.partial(_per_view_logits, scale=d**-0.5), args, v, mask, impl=impl)
+  return out.astype(q.dtype)
 
 
 @flax.struct.dataclass
@@ -288,7 +296,7 @@ class WorldRoPE(CameraEncoding):
     k_views = transform_keys(keys["k"], {n: keys[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs, pairs,
                              pixels)
     return per_view_attention(q, keys["k"], k_views, keys["v"], mask, q.shape[1] // cam.q_k.shape[1],
-                              pair_channels(pairs)), own
+                              pair_channels(pairs), impl=cfg.attention_impl), own
 
 
 ENCODING = WorldRoPE()

@@ -174,7 +174,7 @@ class ModelConfig:
     remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
     attention_impl: dense attention (``jaxwm.kernels.dot_product_attention``): ``xla`` (the reference) |
-      ``splash`` (TPU splash attention; ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto``.
+      ``xla_lse`` (the default: its maths, a backward keeping the log-sum-exp, not the probabilities) | ``splash`` (TPU splash attention; ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto``.
     attention: frame sparsity of self-attention (:class:`AttentionConfig`).
     loci: LOCI hybrid blocks with recurrent memory (:class:`LociConfig`).
   """
@@ -194,7 +194,7 @@ class ModelConfig:
   dtype: str = dataclasses.field(default="float32", metadata=RUNTIME)
   remat: str = dataclasses.field(default="none", metadata=RUNTIME)
   scan_unroll: int = dataclasses.field(default=1, metadata=RUNTIME)
-  attention_impl: str = dataclasses.field(default="xla", metadata=RUNTIME)
+  attention_impl: str = dataclasses.field(default="xla_lse", metadata=RUNTIME)
   camera: CameraConfig = CameraConfig()
   attention: AttentionConfig = AttentionConfig()
   loci: LociConfig = LociConfig()

@@ -123,6 +123,20 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla"):
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v).astype(q.dtype)
 
 
+def softmax_attention(logits, args, v, mask=None):
+  """``softmax(logits(*args) + log(mask)) v``: attention over any logits (WorldRoPE's per-view keys).
+
+  ``logits(*args) -> [B, H, Lq, Lk]`` float32, already scaled (hashable: a module-level function or a
+  ``functools.partial`` of one); ``v [B, Lk, H, D]``; ``mask`` bool broadcastable to ``[B, Lq, Lk]`` or
+  ``[B, H, Lq, Lk]`` (True = attend) or None. Returns ``[B, Lq, H, D]`` in ``v``'s dtype.
+  """
+  s = logits(*args)
+  if mask is not None:
+    s = jnp.where(mask[:, None] if mask.ndim == 3 else mask, s, -jnp.inf)
+  probs = jax.nn.softmax(s, axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
 def pad_to_even(q, k, v, mask):
   """``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]``, ``mask [B, Hm, Lq, Lk]`` padded to even ``Lq``, ``Lk`` with zero
   tokens: padded keys are masked out for every query, padded queries attend to every key (their rows are

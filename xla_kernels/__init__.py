@@ -1,0 +1,8 @@
+"""Kernels written in ``jnp`` for XLA backends (the CPU above all): the same maths as a ``jaxwm/ops`` reference with
+a hand-written backward that keeps less, chosen by ``impl=`` in ``jaxwm.kernels`` like the Pallas kernels (never
+a silent fallback). Kernels import only public helpers of ``jaxwm``, never the references they are tested against.
+
+- ``softmax_attention.py``: softmax attention (dense, or any logits function such as WorldRoPE's per-view keys;
+  ``jaxwm.ops.attention``) whose backward keeps the log-sum-exp per query instead of the ``[Lq, Lk]``
+  probabilities (``model.attention_impl='xla_lse'``).
+"""
