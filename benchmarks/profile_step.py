@@ -154,28 +154,8 @@ def _torch_group(key):
 
 
 def profile_torch(config, steps, threads):
-  import torch  # pylint: disable=g-import-not-at-top
   from torch.profiler import ProfilerActivity, profile  # pylint: disable=g-import-not-at-top
-  from diffusers import WanTransformer3DModel  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(threads)
-  b, s, lat, ch = ts._backbone_shapes(config)  # pylint: disable=protected-access
-  m = config.model
-  model = WanTransformer3DModel(patch_size=tuple(m.patch_size), num_attention_heads=m.num_heads,
-                                attention_head_dim=m.dim // m.num_heads, in_channels=ch, out_channels=ch,
-                                text_dim=m.text_dim, freq_dim=m.freq_dim, ffn_dim=m.ffn_dim, num_layers=m.num_layers,
-                                cross_attn_norm=True, rope_max_seq_len=256).float()
-  opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-  x = torch.randn(b, ch, s, lat, lat)
-  n_tok = s * (lat // m.patch_size[1]) * (lat // m.patch_size[2])
-  t = torch.rand(b, n_tok) * 1000
-  ctx = torch.randn(b, 1, m.text_dim)
-
-  def step():
-    opt.zero_grad(set_to_none=True)
-    out = model(hidden_states=x, timestep=t, encoder_hidden_states=ctx, return_dict=False)[0]
-    torch.mean((out - x) ** 2).backward()
-    opt.step()
-
+  step, _ = ts.torch_step(config, threads)
   step()
   t0 = time.perf_counter()
   for _ in range(steps):
@@ -196,43 +176,16 @@ def profile_torch(config, steps, threads):
 
 
 def jax_backbone_step(config):
-  """The jitted backbone step of :func:`train_step.bench_jaxwm_backbone` and its arguments."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  b, s, lat, ch = ts._backbone_shapes(config)  # pylint: disable=protected-access
-  cfg = ts.ModelConfig.from_dict({**config.model, "cross_attn": True, "camera": {"encoding": "rope3d"}})
-  model = ts.WanModel(cfg)
-  x = jax.random.normal(jax.random.key(0), (b, s, lat, lat, ch))
-  n_tok = s * (lat // cfg.patch_size[1]) * (lat // cfg.patch_size[2])
-  t = jax.random.uniform(jax.random.key(1), (b, n_tok)) * 1000
-  ctx = jax.random.normal(jax.random.key(2), (b, 1, cfg.text_dim))
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), x, t, context=ctx))
-  tx = optax.adamw(1e-4)
-
-  @jax.jit
-  def step(p, o):
-    def loss(p):
-      return jnp.mean(jnp.square(model.apply(p, x, t, context=ctx)[0] - x))
-    g = jax.grad(loss)(p)
-    u, o = tx.update(g, o, p)
-    return optax.apply_updates(p, u), o
-
-  return step, (params, tx.init(params))
+  """The jitted backbone step of :func:`train_step.jaxwm_backbone_step` and its arguments."""
+  step, args, _ = ts.jaxwm_backbone_step(config)
+  return step, args
 
 
 def jax_train_step(config):
-  """jaxwm's real train step (:func:`train_step.bench_jaxwm`'s: camera encoding, layout, AdamW) and its arguments."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  tr = ts.Trainer(config, tempfile.mkdtemp(prefix="jaxwm_prof_run_"), mesh=ts.sh.make_mesh(1, 1, jax.devices()[:1]))
-  state = tr.init_state()
-  rng = np.random.default_rng(0)
-  d = config.data
-  batch = tr.put_batch({
-      "frames": rng.integers(0, 256, (d.batch_size, d.num_frames, d.image_size, d.image_size, 3), dtype=np.uint8),
-      "c2w": np.tile(np.eye(4, dtype=np.float32), (d.batch_size, d.num_frames, 1, 1)),
-      "intrinsics": np.tile(np.eye(3, dtype=np.float32), (d.batch_size, d.num_frames, 1, 1))})
-  return tr.train_step, (state, batch, jax.random.key(0))
+  """jaxwm's real train step (:func:`train_step.jaxwm_train_step`: camera encoding, layout, AdamW) and its
+  arguments."""
+  tr, state, batch, key = ts.jaxwm_train_step(config, tempfile.mkdtemp(prefix="jaxwm_prof_run_"))
+  return tr.train_step, (state, batch, key)
 
 
 def _print(title, wall, groups, rows, top, cols):

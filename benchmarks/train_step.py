@@ -43,9 +43,9 @@ def matmul_rate(n=2048, repeats=10):
   return 2 * n**3 * repeats / (time.perf_counter() - t)
 
 
-def bench_jaxwm(config, steps):
-  """The real train step (teacher-forcing layout, chunk-causal mask, AdamW) on one device."""
-  tr = Trainer(config, "/tmp/jaxwm_bench", mesh=sh.make_mesh(1, 1, jax.devices()[:1]))
+def jaxwm_train_step(config, workdir="/tmp/jaxwm_bench"):
+  """``(trainer, state, batch, key)``: the real train step's pieces on one device, a random batch."""
+  tr = Trainer(config, workdir, mesh=sh.make_mesh(1, 1, jax.devices()[:1]))
   state = tr.init_state()
   rng = np.random.default_rng(0)
   d = config.data
@@ -53,7 +53,12 @@ def bench_jaxwm(config, steps):
       "frames": rng.integers(0, 256, (d.batch_size, d.num_frames, d.image_size, d.image_size, 3), dtype=np.uint8),
       "c2w": np.tile(np.eye(4, dtype=np.float32), (d.batch_size, d.num_frames, 1, 1)),
       "intrinsics": np.tile(np.eye(3, dtype=np.float32), (d.batch_size, d.num_frames, 1, 1))})
-  key = jax.random.key(0)
+  return tr, state, batch, jax.random.key(0)
+
+
+def bench_jaxwm(config, steps):
+  """The real train step (the config's layout, mask and encoding, AdamW) on one device."""
+  tr, state, batch, key = jaxwm_train_step(config)
   compiled = tr.train_step.lower(state, batch, key).compile()
   cost = compiled.cost_analysis()
   flops = float((cost[0] if isinstance(cost, list) else cost)["flops"])
@@ -74,8 +79,9 @@ def _backbone_shapes(config):
   return d.batch_size, seq, lat, 3 * d.latent_stride**2
 
 
-def bench_jaxwm_backbone(config, steps):
-  """Backbone only, shapes and work as the torch step: dense attention, 1-token cross-attention."""
+def jaxwm_backbone_step(config):
+  """``(step, (params, opt), tokens)``: the backbone's jitted AdamW step, shapes and work as the torch step (rope3d,
+  dense attention by ``model.attention_impl``, 1-token cross-attention)."""
   b, s, lat, ch = _backbone_shapes(config)
   cfg = ModelConfig.from_dict({**config.model, "cross_attn": True, "camera": {"encoding": "rope3d"},
                                "attention_impl": config.model.attention_impl})
@@ -88,7 +94,6 @@ def bench_jaxwm_backbone(config, steps):
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
   params = nn.unbox(params)
   tx = optax.adamw(1e-4)
-  opt = tx.init(params)
 
   @jax.jit
   def step(p, o):
@@ -98,16 +103,24 @@ def bench_jaxwm_backbone(config, steps):
     u, o = tx.update(g, o, p)
     return optax.apply_updates(p, u), o
 
+  return step, (params, tx.init(params)), b * n_tok
+
+
+def bench_jaxwm_backbone(config, steps):
+  """Backbone only (:func:`jaxwm_backbone_step`): seconds per step and tokens."""
+  step, (params, opt), tokens = jaxwm_backbone_step(config)
   params, opt = step(params, opt)
   jax.block_until_ready(params)
   t0 = time.perf_counter()
   for _ in range(steps):
     params, opt = step(params, opt)
   jax.block_until_ready(params)
-  return (time.perf_counter() - t0) / steps, b * n_tok
+  return (time.perf_counter() - t0) / steps, tokens
 
 
-def bench_torch(config, steps, threads):
+def torch_step(config, threads):
+  """``(step, tokens)``: one AdamW step of diffusers' ``WanTransformer3DModel`` at the backbone's shapes (a closure
+  over the model, optimiser and fixed inputs), and the tokens it processes."""
   import torch  # pylint: disable=g-import-not-at-top
   from diffusers import WanTransformer3DModel  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
@@ -129,11 +142,16 @@ def bench_torch(config, steps, threads):
     torch.mean((out - x) ** 2).backward()
     opt.step()
 
+  return step, b * n_tok
+
+
+def bench_torch(config, steps, threads):
+  step, tokens = torch_step(config, threads)
   step()
   t0 = time.perf_counter()
   for _ in range(steps):
     step()
-  return (time.perf_counter() - t0) / steps, b * n_tok
+  return (time.perf_counter() - t0) / steps, tokens
 
 
 def _tiny_patch2():

@@ -112,6 +112,42 @@ def test_transformer_authors_layout_bfloat16_passes(release, capsys):
   assert "torch bf16 rel" in out
 
 
+WAN_CODE = __import__("os").environ.get("JAXWM_WAN_CODE")  # a checkout of github.com/Wan-Video/Wan2.2
+
+
+@pytest.mark.skipif(not WAN_CODE, reason="JAXWM_WAN_CODE: a checkout of the authors' Wan2.2 code (not in this repo)")
+@pytest.mark.parametrize("layout", ["authors", "diffusers"])
+def test_transformer_against_the_authors_model(release, capsys, tmp_path, monkeypatch, layout):
+  """The authors' own WanModel as the reference, on either layout's weights: passes; a broken conversion fails."""
+  path = release / "authors" if layout == "authors" else release / "diffusers" / "transformer"
+  code, out, _ = _run(capsys, "transformer", path, "--height", 4, "--width", 6, "--text-len", 5, "--batch", 2,
+                      "--wan-code", WAN_CODE, "--json", tmp_path / "r.json")
+  assert code == 0, out
+  report = json.loads((tmp_path / "r.json").read_text())
+  assert report["meta"]["reference"].startswith("the authors' WanModel")
+  assert {"blocks.1", "velocity", "d/d context", "blocks.0.attn2"} <= {r["name"] for r in report["rows"]}
+  assert max(r["rel"] for r in report["rows"]) < 1e-5
+  if layout == "authors":  # attn1's query kernel left untransposed: the authors' model disagrees, at blocks.0
+    real = wan_convert.parameter_mapping
+
+    def wrong(cfg):
+      glob, block = real(cfg)
+      return glob, [(p, k, "copy" if p == ("attn1", "to_q", "kernel") else kind) for p, k, kind in block]
+
+    monkeypatch.setattr(wan_convert, "parameter_mapping", wrong)
+    code, out, _ = _run(capsys, "transformer", path, "--height", 4, "--width", 6, "--text-len", 5, "--wan-code",
+                        WAN_CODE)
+    assert code == 1 and any(_row(line) == ("activation", "blocks.0") and line.startswith("!")
+                             for line in out.splitlines()), out
+
+
+def test_wan_code_refusals(release, capsys, tmp_path):
+  code, _, err = _run(capsys, "transformer", release / "authors", "--wan-code", tmp_path)
+  assert code == 2 and "--wan-code" in err and "wan/modules/model.py" in err
+  code, _, err = _run(capsys, "vae", release / "diffusers" / "vae", "--wan-code", tmp_path)
+  assert code == 2 and "--wan-code" in err
+
+
 @pytest.mark.parametrize("broken", ["transposed_kernel", "missing_norm"])
 def test_a_wrong_conversion_fails_loudly(release, capsys, monkeypatch, broken):
   real = wan_convert.parameter_mapping

@@ -5,13 +5,15 @@ fixed scalar loss with respect to the inputs and every parameter group (``jaxwm-
 
   jaxwm-parity transformer Wan2.2-TI2V-5B-Diffusers/transformer --frames 3 --height 16 --width 16
   jaxwm-parity transformer Wan2.2-TI2V-5B          # the authors' folder: config.json + diffusion_pytorch_model*.safetensors
+  jaxwm-parity transformer Wan2.2-TI2V-5B --wan-code Wan2.2   # the authors' own WanModel as the reference
   jaxwm-parity vae Wan2.2-TI2V-5B-Diffusers/vae --frames 5 --height 64 --width 64
   jaxwm-parity vae Wan2.2-TI2V-5B/Wan2.2_VAE.pth --version wan2.2
   jaxwm-parity text Wan2.2-TI2V-5B-Diffusers/text_encoder --text-len 16 --dtype bfloat16
   jaxwm-parity text Wan2.2-TI2V-5B/models_t5_umt5-xxl-enc-bf16.pth
 
 References: diffusers' ``WanTransformer3DModel`` and ``AutoencoderKLWan``, transformers' ``UMT5EncoderModel`` (all
-on the CPU, float32 or bfloat16). Shapes are latent sizes for the transformer, pixels for the VAE. Prints a
+on the CPU, float32 or bfloat16), or for the transformer the authors' ``WanModel`` from their code (``--wan-code``,
+float32; its CUDA flash-attn call replaced by torch's SDPA with the same masking). Shapes are latent sizes for the transformer, pixels for the VAE. Prints a
 table, writes it as JSON (``--json``), and exits 1 when a tensor is beyond the tolerance the report states
 (float32: 1e-4 of the reference's largest magnitude; bfloat16: against PyTorch in float32 on the same rounded
 weights, within 1e-2 or twice PyTorch's own bfloat16 error), 2 on a bad argument.
@@ -47,6 +49,9 @@ def _parser():
                  help="vae: which full-size VAE a bare .pth file is (a folder's config.json says it itself)")
   p.add_argument("--config", default=None, help="text: a config.json for a weights file without one beside it "
                                                 "(default: umT5-XXL)")
+  p.add_argument("--wan-code", default=None,
+                 help="transformer: a checkout of github.com/Wan-Video/Wan2.2; the authors' WanModel "
+                      "(wan/modules/model.py, loaded by path) is then the reference instead of diffusers' (float32)")
   p.add_argument("--json", default=None, help="also write the report to this JSON file")
   return p
 
@@ -62,9 +67,11 @@ def _kwargs(args):
     return {**kw, "text_len": args.text_len, "config": args.config}
   if args.config is not None:
     raise refuse("--config", args.config, "applies to text only (the transformer and a VAE folder carry config.json)")
+  if args.wan_code is not None and args.model != "transformer":
+    raise refuse("--wan-code", args.wan_code, "applies to transformer only")
   if args.model == "vae":
     return {**kw, **shape, "version": args.version}
-  return {**kw, **shape, "text_len": args.text_len}
+  return {**kw, **shape, "text_len": args.text_len, "wan_code": args.wan_code}
 
 
 def _main(argv):
@@ -73,6 +80,8 @@ def _main(argv):
     raise refuse("weights", args.weights, "no such file or folder")
   if args.json is not None and pathlib.Path(args.json).is_dir():
     raise refuse("--json", args.json, "is a directory")
+  if args.wan_code is not None and not (pathlib.Path(args.wan_code) / "wan" / "modules" / "model.py").is_file():
+    raise refuse("--wan-code", args.wan_code, "no wan/modules/model.py under it (a checkout of Wan-Video/Wan2.2)")
   if args.config is not None and not pathlib.Path(args.config).is_file():
     raise refuse("--config", args.config, "no such file")
   kwargs = _kwargs(args)

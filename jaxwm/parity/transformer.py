@@ -110,20 +110,32 @@ def _jax_run(cfg, variables, inp):
   return acts, np.asarray(out), np.asarray(gx), np.asarray(gc), grads
 
 
-def check(path, *, frames=2, height=4, width=4, text_len=8, batch=1, dtype="float32", seed=0, tol=None):
-  """The transformer's :class:`jaxwm.parity.report.Report` (shapes are latent sizes)."""
+def check(path, *, frames=2, height=4, width=4, text_len=8, batch=1, dtype="float32", seed=0, tol=None, wan_code=None):
+  """The transformer's :class:`jaxwm.parity.report.Report` (shapes are latent sizes). ``wan_code``: a checkout of
+  the authors' code; their ``WanModel`` is then the reference instead of diffusers' (float32 only:
+  :mod:`jaxwm.parity.authors`)."""
   quiet()
+  if wan_code is not None and dtype != "float32":
+    raise ValueError(f"--wan-code with --dtype={dtype}: the authors' model runs bfloat16 only through CUDA "
+                     "flash-attn; compare it in float32")
   tm, cfg, variables = load(path, dtype)
   ph, pw = cfg.patch_size[1:]
   if height % ph or width % pw or frames % cfg.patch_size[0]:
     raise ValueError(f"--frames/--height/--width {frames}/{height}/{width} must be multiples of the patch "
                      f"{cfg.patch_size}")
   inp = inputs(cfg, frames, height, width, text_len, batch, seed)
-  ref = dict(zip(("acts", "out", "gx", "gc", "grads"), _torch_run(tm, inp)))
+  if wan_code is None:
+    ref = dict(zip(("acts", "out", "gx", "gc", "grads"), _torch_run(tm, inp)))
+  else:
+    from jaxwm.convert.wan import _read_state_dict, folder_transformer_config  # pylint: disable=g-import-not-at-top
+    from jaxwm.parity import authors  # pylint: disable=g-import-not-at-top
+    am, names = authors.build(wan_code, folder_transformer_config(path)[1], text_len, _read_state_dict(path), path)
+    ref = dict(zip(("acts", "out", "gx", "gc", "grads"), authors.run(am, names, inp, cfg.patch_size)))
   peer = dict(zip(ref, _torch_run(bfloat16_twin(tm), inp))) if dtype == "bfloat16" else None
   ours = dict(zip(ref, _jax_run(cfg, variables, inp)))
   p = (lambda k: None) if peer is None else peer.get  # pylint: disable=unnecessary-lambda-assignment
-  rep = Report(meta={"model": "transformer", "weights": str(path), "layers": cfg.num_layers, "dim": cfg.dim,
+  rep = Report(meta={"model": "transformer", "weights": str(path),
+                     "reference": "diffusers" if wan_code is None else f"the authors' WanModel ({wan_code})", "layers": cfg.num_layers, "dim": cfg.dim,
                      "latents": "x".join(map(str, inp["x"].shape)), "text_len": text_len, "dtype": dtype,
                      "seed": seed}, tol=TOLERANCE[dtype] if tol is None else tol)
   for name in ref["acts"]:
