@@ -8,6 +8,7 @@ with the same arguments and meaning (keys beyond ``k_lens`` masked, queries beyo
 inputs' dtype rather than flash-attn's bfloat16.
 """
 
+import importlib.machinery
 import importlib.util
 import pathlib
 import sys
