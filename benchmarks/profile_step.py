@@ -30,12 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import train_step as ts  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
-GROUPS = ("attention core", "q/k/v/out projections", "q/k norms", "FFN", "norms + modulation", "RoPE / camera",
-          "time / text embedding", "patch embed / head", "loss", "optimiser", "layout (copy/transpose)", "other")
-
 
 def _jax_group(op_name, opcode):
-  """The :data:`GROUPS` entry of one HLO instruction from its ``op_name`` metadata and opcode."""
+  """The model component (a row of the profile's table) of one HLO instruction, from its ``op_name`` metadata
+  (the Flax module path and primitive) and opcode."""
   n = op_name.lower()
   if "adam" in n or "optax" in n or "apply_updates" in n or "scale_by" in n:
     return "optimiser"

@@ -225,8 +225,9 @@ def _check_attention_impl(cfg):
   if impl not in ATTENTION_IMPLS:
     raise ConfigError("model.attention_impl", impl, f"must be one of {', '.join(map(repr, ATTENTION_IMPLS))}")
   if impl in ("splash", "cudnn") and cfg.encoding.per_view_keys:
-    raise ConfigError("model.attention_impl", impl, f"must be 'xla', 'xla_lse' or 'auto' with model.camera.encoding="
-                                                   f"{cfg.camera.encoding!r} (its per-view attention has no kernel)")
+    raise ConfigError("model.attention_impl", impl, "must be 'xla', 'xla_lse' or 'auto' with "
+                                                   f"model.camera.encoding={cfg.camera.encoding!r} (its per-view "
+                                                   "attention has no kernel)")
 
 
 def check_model(config):

@@ -67,7 +67,7 @@ def softmax_attention(logits, args, v, mask=None):
   ``logits(*args) -> [B, H, Lq, Lk]`` float32, already scaled (a function of arrays only, hashable: a module-level
   function or a ``functools.partial`` of one with static arguments); ``v [B, Lk, H, D]``; ``mask`` bool
   broadcastable to ``[B, Lq, Lk]`` or ``[B, H, Lq, Lk]`` (True = attend) or None; every query attends to at least
-  one key. Returns ``[B, Lq, H, D]`` in ``v``'s dtype (float32 accumulation); gradients w.r.t. ``args`` and ``v``.
+  one key. Returns ``[B, Lq, H, D]`` in ``v``'s dtype; gradients w.r.t. ``args`` and ``v``.
   """
   return _attention(logits, tuple(args), v, None if mask is None else jnp.asarray(mask))
 

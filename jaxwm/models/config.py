@@ -174,7 +174,8 @@ class ModelConfig:
     remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
     attention_impl: dense attention (``jaxwm.kernels.dot_product_attention``): ``xla`` (the reference) |
-      ``xla_lse`` (the default: its maths, a backward keeping the log-sum-exp, not the probabilities) | ``splash`` (TPU splash attention; ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto``.
+      ``xla_lse`` (the default: its maths, a backward keeping the log-sum-exp, not the probabilities) |
+      ``splash`` (TPU splash attention; ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto``.
     attention: frame sparsity of self-attention (:class:`AttentionConfig`).
     loci: LOCI hybrid blocks with recurrent memory (:class:`LociConfig`).
   """

@@ -135,7 +135,8 @@ def check(path, *, frames=2, height=4, width=4, text_len=8, batch=1, dtype="floa
   ours = dict(zip(ref, _jax_run(cfg, variables, inp)))
   p = (lambda k: None) if peer is None else peer.get  # pylint: disable=unnecessary-lambda-assignment
   rep = Report(meta={"model": "transformer", "weights": str(path),
-                     "reference": "diffusers" if wan_code is None else f"the authors' WanModel ({wan_code})", "layers": cfg.num_layers, "dim": cfg.dim,
+                     "reference": "diffusers" if wan_code is None else f"the authors' WanModel ({wan_code})",
+                     "layers": cfg.num_layers, "dim": cfg.dim,
                      "latents": "x".join(map(str, inp["x"].shape)), "text_len": text_len, "dtype": dtype,
                      "seed": seed}, tol=TOLERANCE[dtype] if tol is None else tol)
   for name in ref["acts"]:
