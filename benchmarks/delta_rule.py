@@ -1,14 +1,19 @@
-"""Delta-rule scans: the chunked XLA form against the sequential recurrence and fla's PyTorch
-``naive_chunk_kda``; FLOPs of LOCI's recurrent read against softmax attention over history.
+"""Delta-rule scans: the chunked XLA form (chunk 16, the CPU default, and 64) against the sequential recurrence
+and fla's PyTorch ``naive_chunk_kda``, and against its own matmul FLOP floor; FLOPs of LOCI's recurrent read
+against softmax attention over history.
 
-  python benchmarks/delta_rule.py [--lengths 1024 8192] [--repeats 3]
+  python benchmarks/delta_rule.py [--lengths 1024 8192] [--repeats 5]
 
-KDA gates (per-channel decay), B = 1, H = 4, K = V = 128, chunk 64, float32 on CPU. Forward and
-forward+backward (gradients of q, k, v, g, beta). fla's ``naive.py`` is loaded by file path
-(no triton needed).
+KDA gates (per-channel decay), B = 1, H = 4, K = V = 128, float32 on CPU. Forward and forward+backward
+(gradients of q, k, v, g, beta). The JAX forms are timed interleaved (one call of each in turn, best of
+``--repeats``): this VM's speed drifts by tens of percent within a minute. The floor is the chunked form's FLOPs
+(XLA's cost analysis of the state-independent terms over all chunks, plus one state step's times the number of
+chunks: cost analysis counts a scan body once) at the rate of a 1024^3 float32 matmul measured in the same run.
+fla's ``naive.py`` is loaded by file path (no triton needed).
 """
 
 import argparse
+import functools
 import importlib.util
 import pathlib
 import time
@@ -57,6 +62,37 @@ def _best(fn, repeats):
   return min(times)
 
 
+def _interleaved(fns, repeats):
+  """Best time of each of ``fns`` (a dict), calling them in turn ``repeats`` times after one warm-up call each."""
+  for fn in fns.values():
+    fn()
+  times = {k: [] for k in fns}
+  for _ in range(repeats):
+    for k, fn in fns.items():
+      t0 = time.perf_counter()
+      fn()
+      times[k].append(time.perf_counter() - t0)
+  return {k: min(v) for k, v in times.items()}
+
+
+def _matmul_rate(repeats):
+  a = jnp.ones((1024, 1024), jnp.float32)
+  mm = jax.jit(lambda x, y: x @ y)
+  return 2 * 1024**3 / _best(lambda: jax.block_until_ready(mm(a, a)), repeats)
+
+
+def _chunked_flops(t, h, d, chunk):
+  """FLOPs of ``delta_rule_chunked`` at ``chunk``: the intra-chunk terms over all chunks + N state steps."""
+  n = -(-t // chunk)
+  sd = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
+  c = (n, 1, h, chunk)
+  intra = _flops(functools.partial(dr._intra_chunk, sub=dr.sub_chunk(chunk)), sd(*c, d), sd(*c, d), sd(*c, d),
+                 sd(*c, d), sd(*c))
+  step = _flops(lambda s, *xs: dr._state_step(s, xs), sd(1, h, d, d), sd(1, h, chunk, d), sd(1, h, chunk, d),
+                sd(1, h, chunk, chunk), sd(1, h, chunk, d), sd(1, h, chunk, d), sd(1, h, d))
+  return intra + n * step
+
+
 def _jax_timers(fn, arrays):
   xs = [jnp.asarray(a) for a in arrays]
   fwd = jax.jit(lambda *a: fn(*a)[0])
@@ -88,18 +124,22 @@ def main():
   p.add_argument("--lengths", type=int, nargs="+", default=[1024, 8192])
   p.add_argument("--heads", type=int, default=4)
   p.add_argument("--dim", type=int, default=128)
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--repeats", type=int, default=5)
   a = p.parse_args()
   naive = _fla_naive()
   h, d = a.heads, a.dim
-  print(f"backend {jax.default_backend()}, H={h}, K=V={d}, chunk 64, KDA gates")
+  print(f"backend {jax.default_backend()}, H={h}, K=V={d}, KDA gates")
+  rate = _matmul_rate(a.repeats)
   rows = []
   for t in a.lengths:  # all JAX timings first: compiling after torch's thread pools start can hang
     arrays = _inputs(t, h, d)
-    rec = _jax_timers(dr.delta_rule_recurrent, arrays)
-    chk = _jax_timers(lambda *x: dr.delta_rule_chunked(*x, chunk_size=64), arrays)
+    timers = {"recurrent": _jax_timers(dr.delta_rule_recurrent, arrays)}
+    for c in (16, 64):
+      timers[c] = _jax_timers(functools.partial(dr.delta_rule_chunked, chunk_size=c), arrays)
+    floor = _chunked_flops(t, h, d, 16) / rate
     for i, name in enumerate(("forward", "fwd+bwd")):
-      rows.append([t, name, _best(rec[i], a.repeats), _best(chk[i], a.repeats), float("nan")])
+      best = _interleaved({k: v[i] for k, v in timers.items()}, a.repeats if i == 0 else max(2, a.repeats // 2))
+      rows.append([t, name, best["recurrent"], best[64], best[16], float("nan"), floor if i == 0 else float("nan")])
   mem = 7 * h * d * d  # XLA's cost analysis counts a scan body once, so the write is counted by hand
   n_tok, frames = 384, 34
   L = n_tok * 5  # one 5-frame chunk of queries
@@ -111,11 +151,15 @@ def main():
   if naive is not None and torch is not None:
     for row in rows:
       tor = _torch_timers(naive, _inputs(row[0], h, d))
-      row[4] = _best(tor[0 if row[1] == "forward" else 1], a.repeats)
-  print("| T | pass | recurrent (s) | chunked XLA (s) | fla naive_chunk_kda torch (s) | recurrent / chunked | "
-        "torch / chunked |\n| --- | --- | --- | --- | --- | --- | --- |")
-  for t, name, tr, tc, tt in rows:
-    print(f"| {t} | {name} | {tr:.3f} | {tc:.3f} | {tt:.3f} | {tr / tc:.1f}x | {tt / tc:.2f}x |")
+      row[5] = _best(tor[0 if row[1] == "forward" else 1], 1 if row[0] > 2048 else max(2, a.repeats // 2))
+  print(f"matmul rate {rate / 1e9:.0f} GFLOP/s (1024^3 float32)")
+  print("| T | pass | recurrent (s) | chunked 64 (s) | chunked 16 (s) | fla naive_chunk_kda torch (s) | "
+        "recurrent / chunked 16 | chunked 64 / chunked 16 | torch / chunked 16 | chunked 16 / its FLOP floor |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+  for t, name, tr, t64, t16, tt, fl in rows:
+    floor = f"{t16 / fl:.1f}x ({fl * 1e3:.1f} ms)" if fl == fl else "-"
+    print(f"| {t} | {name} | {tr:.3f} | {t64:.3f} | {t16:.3f} | {tt:.3f} | {tr / t16:.2f}x | {t64 / t16:.2f}x | "
+          f"{tt / t16:.2f}x | {floor} |")
 
   print(f"\nper query token, {h} heads of {d} (XLA cost analysis):\n"
         f"| operation | FLOPs/token | softmax / this |\n| --- | --- | --- |\n"

@@ -94,9 +94,12 @@ def pad_time(x, pad):
 def _decayed_products(x, k, gcum, sub):
   """``P[..., i, j] = sum_d x_id k_jd exp(G_id - G_jd)`` for ``j <= i`` (0 above), chunk ``[..., C, K]``.
 
-  Within sub-chunks of ``sub`` tokens the decay is formed pairwise; across sub-chunks it is
-  factorised at the end ``r`` of the key's sub-chunk, ``exp(G_i - G_r) exp(G_r - G_j)``, both
-  factors ``<= 1`` -- so no exponential of a positive cumulative difference is ever taken.
+  Within sub-chunks of ``sub`` tokens the decay is formed pairwise. Across sub-chunks (query sub-chunk ``I``
+  after key sub-chunk ``J``) it is factorised at ``p``, the end of sub-chunk ``I - 1``, and ``r``, the end of
+  ``J``: ``exp(G_i - G_p) exp(G_p - G_r) exp(G_r - G_j)``, each factor ``<= 1`` -- so no exponential of a
+  positive cumulative difference is ever taken, and only ``C / sub`` squared middle factors per channel.
+  (The three-operand einsums are deliberate: jaxlib 0.10.2's YNNPACK fusions crash in the backward pass of the
+  equivalent broadcast-multiply forms.)
   """
   c, dk = x.shape[-2:]
   n = c // sub
@@ -105,11 +108,15 @@ def _decayed_products(x, k, gcum, sub):
   tri = jnp.tril(jnp.ones((sub, sub), bool))
   diff = jnp.where(tri[:, :, None], gs[..., :, None, :] - gs[..., None, :, :], -jnp.inf)  # [..., n, s, s, K]
   diag = jnp.einsum("...nik,...nijk,...njk->...nij", xs, jnp.exp(diff), ks)
-  ref = gs[..., -1, :]  # [..., n, K] cumulative decay at the end of each sub-chunk
-  k_ref = ks * jnp.exp(ref[..., :, None, :] - gs)  # keys decayed to their sub-chunk's end
+  if n == 1:
+    return diag.reshape(lead + (c, c))
+  end = gs[..., -1, :]  # [..., n, K] cumulative decay at the end of each sub-chunk
+  prev = jnp.pad(end[..., :-1, :], [(0, 0)] * (end.ndim - 2) + [(1, 0), (0, 0)])  # end of sub-chunk I - 1
+  q_p = xs * jnp.exp(jnp.minimum(gs - prev[..., :, None, :], 0.0))  # queries decayed back to p
+  k_r = ks * jnp.exp(end[..., :, None, :] - gs)  # keys decayed to their sub-chunk's end r
+  mid = jnp.exp(jnp.minimum(prev[..., :, None, :] - end[..., None, :, :], 0.0))  # [..., I, J, K]: p after r
+  off = jnp.einsum("...Iik,...IJk,...Jjk->...IiJj", q_p, mid, k_r)
   later = jnp.tril(jnp.ones((n, n), bool), -1)  # query sub-chunk I after key sub-chunk J
-  expo = jnp.minimum(gs[..., :, None, :, :] - ref[..., None, :, None, :], 0.0)  # [..., I, J, s, K]
-  off = jnp.einsum("...Iik,...IJik,...Jjk->...IiJj", xs, jnp.exp(expo), k_ref)
   off = jnp.where(later[:, None, :, None], off, 0.0)
   eye = jnp.eye(n, dtype=bool)[:, None, :, None]
   full = off + jnp.where(eye, diag[..., :, :, None, :], 0.0)  # [..., I, i, J, j]
@@ -155,7 +162,17 @@ def _state_step(s, xs):
   return s, o
 
 
-def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
+def sub_chunk(chunk_size):
+  """The sub-chunk of :func:`_decayed_products` for a chunk: about ``(2 C)^(1/3)`` tokens, which balances the
+  pairwise decays inside sub-chunks (``C sub K``) against the factors across them (``(C / sub)^2 K``): 4 up to
+  ``C = 32``, 8 beyond (fastest on CPU, ``benchmarks/delta_rule.py``)."""
+  for s in ((4, 2, 1) if chunk_size <= 32 else (8, 4, 2, 1)):
+    if chunk_size % s == 0:
+      return s
+  return 1
+
+
+def _chunked_scan(q, k, v, g, beta, s0, chunk_size, sub=None):
   """Chunked scan over prepared float32 inputs; returns ``(o [B, T, H, V], final state)``."""
   b, t, h, dk = q.shape
   pad = (-t) % chunk_size
@@ -168,7 +185,7 @@ def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
     return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
 
   gcum = jnp.cumsum(chunks(g), axis=3)
-  sub = next(s for s in (8, 4, 2, 1) if chunk_size % s == 0)
+  sub = sub or sub_chunk(chunk_size)
   intra = jax.checkpoint(functools.partial(_intra_chunk, sub=sub))  # recomputed in the backward pass
   xs = intra(chunks(q), chunks(k), chunks(v), gcum, chunks(beta))
   s, o = jax.lax.scan(_state_step, s0, xs)
