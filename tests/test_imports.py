@@ -3,7 +3,8 @@
 - ``jaxwm/ops`` holds references only: it imports nothing from ``pallas_kernels`` or ``xla_kernels``;
 - ``xla_kernels`` imports no reference (``jaxwm.ops``): they are tested against them;
 - ``jaxwm/sampling`` and ``jaxwm/cli/sample*.py`` (``sample.py``) import nothing from ``jaxwm.training``;
-- ``pallas_kernels`` uses only public names of ``jaxwm`` (no ``_private`` import or attribute);
+- ``pallas_kernels`` uses only public names of ``jaxwm`` (no ``_private`` import or attribute) and, like
+  ``xla_kernels``, imports no reference: what it shares with one is an interface (``jaxwm/interfaces``);
 - the layering of :data:`LAYERS`: training never imports evaluation or distillation (probes and samples are hooks
   the CLI passes) nor ``config_checks`` (the checks across blocks sit above the blocks), ``jaxwm/settings.py``
   (the config schema) imports nothing of ``jaxwm``, encodings never import models (both stand on
@@ -120,6 +121,12 @@ def test_sampling_does_not_import_training(path):
 @pytest.mark.parametrize("path", KERNELS, ids=_ids(KERNELS))
 def test_kernels_use_only_public_jaxwm_names(path):
   assert not private_uses(path, "jaxwm")
+
+
+@pytest.mark.parametrize("path", KERNELS, ids=_ids(KERNELS))
+def test_pallas_kernels_import_no_reference(path):
+  """Checks and preparation shared with a reference live in ``jaxwm.interfaces``, never in ``jaxwm.ops``."""
+  assert not _hits(path, "jaxwm.ops")
 
 
 # (files, forbidden package): no file under the first imports anything of the second.

@@ -5,7 +5,7 @@ scaled queries and the within-chunk cumulative log-decay. The forward kernel als
 state at the start of every chunk (``[B, H, N, K, V]``), which the backward kernel reads while
 walking the chunks in reverse. Everything around the kernels (scale, cumulative sum,
 padding, transposes) is ordinary JAX and is differentiated by JAX. Input checks and
-preparation are the reference's public helpers (``jaxwm.ops.delta_rule``), so both agree.
+preparation are the op's interface (``jaxwm.interfaces.delta_rule``), shared with the reference, so both agree.
 """
 
 import dataclasses
@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxwm.ops import delta_rule as ref
+from jaxwm.interfaces import delta_rule as contract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ def make_delta_rule(forward, backward, pow2_channels=False):
                  interpret=False):
     """Same contract as ``jaxwm.ops.delta_rule.delta_rule_chunked`` (``interpret=True``: CPU)."""
     dtype = v.dtype
-    q, k, v, g, beta, s0 = ref.prepare_inputs(q, k, v, g, beta, scale, initial_state)
+    q, k, v, g, beta, s0 = contract.prepare_inputs(q, k, v, g, beta, scale, initial_state)
     dk, dv = q.shape[-1], v.shape[-1]
     if pow2_channels:  # zero channels: no key, value or state entry changes (Triton blocks are powers of two)
       q, k, g = (_pad_last(x, _pow2(dk)) for x in (q, k, g))
@@ -67,7 +67,7 @@ def make_delta_rule(forward, backward, pow2_channels=False):
       s0 = _pad_last(_pad_last(s0, _pow2(dk), -2), _pow2(dv))
     b, t, h, _ = q.shape
     pad = (-t) % chunk_size
-    q, k, v, g, beta = (ref.pad_time(x, pad) for x in (q, k, v, g, beta))
+    q, k, v, g, beta = (contract.pad_time(x, pad) for x in (q, k, v, g, beta))
     n = (t + pad) // chunk_size
     g = jnp.cumsum(g.reshape(b, n, chunk_size, h, -1), axis=2).reshape(g.shape)
     to = lambda x: jnp.swapaxes(x, 1, 2)  # [B, T, H, ...] -> [B, H, T, ...]
