@@ -141,7 +141,7 @@ def sub_chunk(chunk_size):
   return 1
 
 
-def _chunked_scan(q, k, v, g, beta, s0, chunk_size, sub=None):
+def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
   """Chunked scan over prepared float32 inputs; returns ``(o [B, T, H, V], final state)``."""
   b, t, h, dk = q.shape
   pad = (-t) % chunk_size
@@ -154,8 +154,8 @@ def _chunked_scan(q, k, v, g, beta, s0, chunk_size, sub=None):
     return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
 
   gcum = jnp.cumsum(chunks(g), axis=3)
-  sub = sub or sub_chunk(chunk_size)
-  intra = jax.checkpoint(functools.partial(_intra_chunk, sub=sub))  # recomputed in the backward pass
+  # recomputed in the backward pass
+  intra = jax.checkpoint(functools.partial(_intra_chunk, sub=sub_chunk(chunk_size)))
   xs = intra(chunks(q), chunks(k), chunks(v), gcum, chunks(beta))
   s, o = jax.lax.scan(_state_step, s0, xs)
   o = jnp.moveaxis(o, 0, 1)  # [B, N, H, C, V]
