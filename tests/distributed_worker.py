@@ -14,14 +14,12 @@ import sys
 
 pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0 "
-                           "--xla_llvm_disable_expensive_passes=true")  # as tests/conftest.py: tiny programs
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"  # conftest adds the tests' compile flags
 os.environ.update(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jax  # noqa: E402
-
 from conftest import tiny_config  # noqa: E402  pylint: disable=g-import-not-at-top
+import jax  # noqa: E402  pylint: disable=g-import-not-at-top,g-bad-import-order
 from jaxwm.evaluation.hooks import training_hooks  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxwm.training import data as data_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxwm.training.loop import run  # noqa: E402  pylint: disable=g-import-not-at-top

@@ -115,7 +115,10 @@ def _mesh():
   return sharding.make_mesh(1, 1, jax.devices()[:1])
 
 
-def test_student_rollout_at_init_is_the_base_few_step_sampler_bit_for_bit(setup):
+def test_student_rollout_at_init_is_the_base_few_step_sampler(setup):
+  """At init (LoRA factors b = 0: the adapted weights equal the base bit for bit, tests/test_lora.py) DMD's
+  student rollout is the base model's few-step streaming sampler: the first latent exactly, the rest to float32
+  round-off (two different programs; the tests' XLA flags may fuse them differently), and an early exit differs."""
   model, base, batch, settings = setup["model"], setup["base"], setup["batch"], setup["settings"]
   first = dmd.first_latents(batch, 4)
   cams = Cameras(batch["c2w"], batch["intrinsics"])
@@ -127,7 +130,8 @@ def test_student_rollout_at_init_is_the_base_few_step_sampler_bit_for_bit(setup)
                                                          settings.schedule, CHUNK, F, exit_steps=exits))
   g0 = setup["state"].generator
   got = np.asarray(roll(base, g0, jnp.full((2,), settings.student_steps - 1)))
-  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(got[:, 0], want[:, 0])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   early = np.asarray(roll(base, g0, jnp.zeros((2,), jnp.int32)))  # one-jump prediction at step 0
   np.testing.assert_array_equal(early[:, 0], want[:, 0])
   assert np.abs(early[:, 1:] - want[:, 1:]).max() > 1e-3
@@ -191,7 +195,7 @@ def _metrics(workdir):
   return [{k: v for k, v in x.items() if k != "steps_per_s"} for x in lines]
 
 
-def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path):
+def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path, capsys):
   from jaxwm.distill.loop import run  # pylint: disable=g-import-not-at-top
   from jaxwm.training.loop import ResumeConfigError, RunRefusedError  # pylint: disable=g-import-not-at-top
   mesh = _mesh()
@@ -225,6 +229,14 @@ def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path):
   with pytest.raises(RunRefusedError, match="distill.teacher='': pass the teacher's training workdir"):
     run(_config(), tmp_path / "c", mesh=mesh, progress=False)
   assert not (tmp_path / "c").exists()
+  # sample.py --adapter: the distillation workdir's adapter merged, its 2 steps taken, its name in the output's.
+  import sample  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "s.gif"
+  assert sample.main(["--workdir", str(teacher), "--adapter", str(tmp_path / "a"), "--out", str(out)]) == 0
+  printed = capsys.readouterr().out
+  assert "sample.py: adapter" in printed and "; 2 steps" in printed and out.exists(), printed
+  assert sample.main(["--workdir", str(teacher), "--adapter", str(tmp_path / "c")]) == 2
+  assert "--adapter=" in capsys.readouterr().err
 
 
 def test_fsdp_sharded_adapters_update_like_one_device(setup, tmp_path):

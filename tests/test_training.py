@@ -14,6 +14,7 @@ from jaxwm.data.window import ClipWindow
 from jaxwm.training import sharding as sh
 from jaxwm.training.config_utils import check_overrides
 from jaxwm.training.loop import NonFiniteLossError, Trainer, run
+from jaxwm.training.runner import Hook
 
 
 def _one_device():
@@ -88,11 +89,28 @@ def test_checkpoint_restores_on_other_meshes(tmp_path):
   ck.close()
 
 
+class _Crash(Exception):
+  pass
+
+
+class _CrashAfterSave(Hook):
+  """Ends the run after step ``at`` and its checkpoint (a lost host: nothing after it is written)."""
+
+  def __init__(self, at):
+    self.at = at
+
+  def after_save(self, task, state, done):
+    if done == self.at:
+      raise _Crash(done)
+
+
 def test_exact_resume(tmp_path):
+  """A run that dies after its step-2 checkpoint, restarted with the same config, ends bitwise equal to one that
+  never stopped (state, EMA, optimiser, data order); the restart runs only the missing steps."""
   c = tiny_config(**{"train.num_steps": 4, "train.ckpt_every": 2, "optim.ema_decay": 0.9})
   straight, hist_a = run(c, tmp_path / "a", mesh=_one_device(), progress=False)
-  c2 = tiny_config(**{"train.num_steps": 2, "train.ckpt_every": 2, "optim.ema_decay": 0.9})
-  run(c2, tmp_path / "b", mesh=_one_device(), progress=False)
+  with pytest.raises(_Crash):
+    run(c, tmp_path / "b", mesh=_one_device(), progress=False, hooks=[_CrashAfterSave(2)])
   resumed, hist_b = run(c, tmp_path / "b", mesh=_one_device(), progress=False)  # restarts from step 2
   assert len(hist_b) == 2 and hist_b == hist_a[2:]
   assert straight.ema and int(straight.step) == 4

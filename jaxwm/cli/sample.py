@@ -137,13 +137,8 @@ def _main(argv):
     raise Refusal(e) from None
   lora_tag = ""
   if args.adapter is not None:  # merged once: the streaming forward is unchanged
-    from jaxwm.distill.student import adapter_tag, apply_adapter  # pylint: disable=g-import-not-at-top
-    try:
-      variables, note = apply_adapter(config, variables, args.adapter)
-    except (FileNotFoundError, ValueError) as e:
-      raise refuse("--adapter", args.adapter, e) from None
-    print(f"sample.py: {note}")
-    lora_tag = f"_{adapter_tag(args.adapter)}"
+    from jaxwm.distill.student import adapter_flag  # pylint: disable=g-import-not-at-top
+    variables, lora_tag = adapter_flag(config, variables, args.adapter, "sample.py")
 
   import jax  # pylint: disable=g-import-not-at-top
 

@@ -8,6 +8,7 @@ import pathlib
 
 from jaxwm import lora
 from jaxwm.lora import adapters
+from jaxwm.utils.cli import refuse
 
 
 def adapter_path(path):
@@ -56,3 +57,15 @@ def apply_adapter(config, variables, path):
   note = (f"adapter {path}: rank {spec.rank}, {meta.get('param_count', 0) / 1e6:.3f}M values, merged; "
           f"{config.sample.num_steps} steps, shift {config.sample.shift:g}")
   return {**variables, "params": lora.merge(params, adapter, spec)}, note
+
+
+def adapter_flag(config, variables, path, tool):
+  """``--adapter PATH`` of a sampling tool (``sample.py``, loop closure): :func:`apply_adapter`, its note printed
+  as ``<tool>: <note>``; returns ``(variables, tag)``, ``tag`` (``_<adapter_tag>``) for output names. A missing
+  or mismatched adapter is a :class:`jaxwm.utils.cli.Refusal` naming the flag."""
+  try:
+    variables, note = apply_adapter(config, variables, path)
+  except (FileNotFoundError, ValueError) as e:
+    raise refuse("--adapter", path, e) from None
+  print(f"{tool}: {note}")
+  return variables, f"_{adapter_tag(path)}"

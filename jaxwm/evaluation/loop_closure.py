@@ -325,13 +325,8 @@ def _main(argv):
     raise Refusal(e) from None
   lora_tag = ""
   if a.adapter is not None:  # merged once; config.sample takes the adapter's steps and shift
-    from jaxwm.distill.student import adapter_tag, apply_adapter  # pylint: disable=g-import-not-at-top
-    try:
-      variables, note = apply_adapter(config, variables, a.adapter)
-    except (FileNotFoundError, ValueError) as e:
-      raise refuse("--adapter", a.adapter, e) from None
-    print(f"loop_closure: {note}")
-    lora_tag = f"_{adapter_tag(a.adapter)}"
+    from jaxwm.distill.student import adapter_flag  # pylint: disable=g-import-not-at-top
+    variables, lora_tag = adapter_flag(config, variables, a.adapter, "loop_closure")
   if (a.selection or a.top_k) and not model.cfg.attention.sparse:
     raise Refusal("--selection/--top-k need a frame-sparse model (model.attention.sparsity != dense)")
   chunk, d = config.recipe.chunk_size, config.data
