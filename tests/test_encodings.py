@@ -232,6 +232,36 @@ def test_streaming_equals_training_layout(data, name):
     cache = commit_j(cache, data["clip"][:, frames], pos, cams)
 
 
+@pytest.mark.parametrize("name", ["worldrope", "worldrope_mixed", "viewrope"])
+def test_denoising_with_views_hoisted_equals_step_by_step_forwards(data, name):
+  """``denoise`` computes the cache's per-view keys once per chunk (``CameraEncoding.cache_views``: WorldRoPE's
+  ``transform_keys`` of every cached key for the chunk's cameras) instead of in each Euler step's forward; its
+  result equals the Euler steps of plain ``chunk_forward`` calls, which transform cache and own keys together."""
+  from jaxwm.encodings.base import model_poses  # pylint: disable=g-import-not-at-top
+  from jaxwm.sampling.streaming import denoise  # pylint: disable=g-import-not-at-top
+  model = WanModel(_cfg(**VARIANTS[name]))
+  cfg = model.cfg
+  variables = _perturb_params(_init(model, data))
+  cache = KVCache.empty(cfg, 2, NUM_FRAMES, 4)
+  cams = lambda f: Cameras(jnp.asarray(data["c2w"][:, f], jnp.float32), jnp.asarray(data["k"][:, f], jnp.float32))  # pylint: disable=unnecessary-lambda-assignment
+  pos = lambda f: jnp.broadcast_to(jnp.asarray(f, jnp.float32), (2, len(f)))  # pylint: disable=unnecessary-lambda-assignment
+  commit_j = jax.jit(lambda c, x, p, k: commit(model, variables, c, x, p, cameras=k))
+  for f in ([0], [1, 2]):  # a cache of 3 frames; the chunk 3-4 is denoised against it
+    cache = commit_j(cache, data["clip"][:, f], pos(f), cams(f))
+  f = [3, 4]
+  views = cfg.encoding.cache_views(cfg, cache.keys, model_poses(cams(f).c2w, cfg.camera.translation_scale),
+                                   cams(f).intrinsics)
+  assert bool(views) == (name != "viewrope")  # only per-view keys have something to hoist
+  schedule = flow.sampling_schedule(3, 3.0)
+  noise = jax.random.normal(jax.random.key(1), data["clip"][:, :2].shape)
+  got = jax.jit(lambda c, x: denoise(model, variables, c, x, pos(f), schedule, cameras=cams(f)))(cache, noise)
+  step = jax.jit(lambda c, x, t: chunk_forward(model, variables, c, x, jnp.full((2, 2), t), pos(f), cameras=cams(f))[0])
+  want = noise
+  for t, t_next in zip(schedule[:-1], schedule[1:]):
+    want = flow.euler_step(want, step(cache, want, t), t, t_next)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("name", ["viewrope", "prope_per_token", "worldrope"])  # mrope/plucker: see zero-init tests
 def test_tiny_model_trains_with_encoding(name, tmp_path):
   from jaxwm.training import sharding as sh  # pylint: disable=g-import-not-at-top

@@ -104,6 +104,13 @@ class CameraEncoding:
     """Extra per-key entries the streaming cache keeps: ``{name: (trailing shape, dtype)}``."""
     return {}
 
+  def cache_views(self, cfg, cache_keys, c2w, intrinsics):
+    """Per-layer tensors of the cached keys as seen from the query frames (``c2w [B, Fq, 4, 4]`` model poses,
+    ``intrinsics [B, Fq, 3, 3]``), computed once per streamed chunk: the cache and the chunk's cameras do not
+    change while it is denoised. ``{name: [L_softmax, B, ...]}`` passed to :meth:`attend` in ``cache_kv``, or
+    ``{}`` (nothing to hoist)."""
+    return {}
+
 
 class NoCamera(CameraEncoding):
   """``rope3d``: no camera encoding, the backbone's 3D RoPE alone (the baseline)."""

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm import kernels
-from jaxwm.encodings.base import CameraEncoding, per_token
+from jaxwm.encodings.base import CameraEncoding, ChannelPlan, per_token
 from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims, rope_frequencies
 from jaxwm.geometry.cameras import token_pixel_centers
 
@@ -268,6 +268,26 @@ class WorldRoPE(CameraEncoding):
     m = cfg.camera.hypotheses
     return {"wr_mean": ((m, 3), jnp.float32), "wr_root": ((m, 3, 3), jnp.float32), "wr_alpha": ((m,), jnp.float32)}
 
+  def _pairs(self, cfg):
+    """The RoPE pairs the keys' views change (static) and their 2-D frequencies."""
+    pairs = sorted({c // 2 for c in ChannelPlan(cfg.camera, cfg.head_dim).idx})
+    return pairs, hw_frequencies(cfg.head_dim, pairs, cfg.rope_theta, cfg.camera.mixed_frequencies)
+
+  def cache_views(self, cfg, cache_keys, c2w, intrinsics):
+    """:func:`transform_keys` of every softmax layer's cached keys for the query frames: ``{"wr_views":
+    [L_softmax, B, Fq, L_cache, H, C]}``. The views' pairs carry no RoPE (``attend`` rotates only the other
+    pairs), so they need only the raw keys, their Gaussians and the query cameras."""
+    pairs, freqs = self._pairs(cfg)
+    pixels = cfg.patch_size[1] * cfg.camera.vae_stride
+    q_k = intrinsics.astype(jnp.float32)
+
+    def layer(k, mean, root, alpha):
+      gauss = {"mean": mean, "root": root, "alpha": alpha}
+      return transform_keys(k.astype(cfg.compute_dtype), gauss, q_k, c2w, freqs, pairs, pixels)
+
+    return {"wr_views": jax.lax.map(lambda a: layer(*a), tuple(cache_keys[n] for n in
+                                                               ("k", "wr_mean", "wr_root", "wr_alpha")))}
+
   def attend(self, cfg, x, q, k, v, queries, cached, cache_kv, mask, plan):
     """Per-view attention of queries ``q [B, L, H, D]`` (raw) over own keys ``k, v`` and the cache.
 
@@ -288,13 +308,16 @@ class WorldRoPE(CameraEncoding):
                           jnp.linspace(cc.depth_range[0], cc.depth_range[1], m))
     own = {"k": k, "v": v, **{f"wr_{name}": gauss[name] for name in self._GAUSS}}
     keys = dict(own, k=apply_rotary(k, queries.rope * keep))  # keys: time RoPE only, at their positions
+    pairs, freqs = self._pairs(cfg)
+    view = lambda ks: transform_keys(ks["k"], {n: ks[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs,  # pylint: disable=unnecessary-lambda-assignment
+                                     pairs, pixels)
+    hoisted = None if cache_kv is None else cache_kv.get("wr_views")  # the cache's views, from cache_views
+    own_views = view(keys) if hoisted is not None else None
     if cache_kv is not None:
-      old = dict(cache_kv, k=apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep))
+      old = {name: cache_kv[name] for name in keys}
+      old["k"] = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
       keys = {name: jnp.concatenate([old[name].astype(a.dtype), a], axis=1) for name, a in keys.items()}
-    pairs = sorted({c // 2 for c in plan.idx})
-    freqs = hw_frequencies(cfg.head_dim, pairs, cfg.rope_theta, cc.mixed_frequencies)
-    k_views = transform_keys(keys["k"], {n: keys[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs, pairs,
-                             pixels)
+    k_views = view(keys) if hoisted is None else jnp.concatenate([hoisted.astype(k.dtype), own_views], axis=2)
     return per_view_attention(q, keys["k"], k_views, keys["v"], mask, q.shape[1] // cam.q_k.shape[1],
                               pair_channels(pairs), impl=cfg.attention_impl), own
 

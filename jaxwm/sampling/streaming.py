@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.diffusion import flow
+from jaxwm.encodings.base import model_poses
 from jaxwm.geometry.validate import validate_cameras
 from jaxwm.models.cache import KVCache
 from jaxwm.models.conditioning import Cameras, Frames
@@ -70,6 +71,12 @@ def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, g
   cache rows alike) and ``v = v_u + guidance (v_c - v_u)`` is applied to both halves.
   """
   b, sc = noise.shape[:2]
+  cfg = model.cfg
+  if cameras is not None and cfg.num_softmax_layers:  # what the encoding can compute once for every step
+    views = cfg.encoding.cache_views(cfg, cache.keys, model_poses(cameras.c2w, cfg.camera.translation_scale),
+                                     cameras.intrinsics)
+    if views:
+      cache = cache.replace(keys={**cache.keys, **views})
 
   def body(x, ts):
     t, t_next, i = ts
