@@ -14,9 +14,13 @@ frames / time), and the process's peak resident memory. The baseline in the same
 per-chunk work); the viewer should cost no more than a few percent above it. "programs alone": the chunk's
 compiled denoising scan and commit forward timed again on their own with the arguments of chunk 20: the gap to
 the chunk's time is the sampler's host work (memory-policy bookkeeping, slot moves, noise, transfers).
+"per-step views": with ``--per-step-views 1`` the same walk again with the encoding's ``cache_views`` switched off,
+so every Euler step's forward transforms the cached keys for the chunk's views again (WorldRoPE; the sampler before
+2026-12-04): the baseline of hoisting them out of the denoising loop, measured in the same run.
 """
 
 import argparse
+import contextlib
 import importlib
 import pathlib
 import resource
@@ -141,6 +145,19 @@ def rollout_times(model, first, k, policy, steps, c2w):
   return np.diff(stamps)
 
 
+@contextlib.contextmanager
+def per_step_views(cfg):
+  """The encoding's views of the cache computed in every forward again (``cache_views`` returns nothing)."""
+  enc = cfg.encoding
+  jax.clear_caches()  # the sampler's programs are traced again without the hoisted views
+  enc.cache_views = lambda *a, **kw: {}
+  try:
+    yield
+  finally:
+    del enc.cache_views
+    jax.clear_caches()
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="tiny,recipe_cpu:w384")
@@ -151,6 +168,8 @@ def main(argv=None):
   ap.add_argument("--far-steps", type=int, default=1, help="Euler steps of the --far rows")
   ap.add_argument("--far-configs", default="tiny", help="configs of the --far rows")
   ap.add_argument("--floor", type=int, default=1, help="1: also time the chunk's compiled programs alone")
+  ap.add_argument("--per-step-views", type=int, default=0,
+                  help="1: also time the walk with the cache's views computed in every Euler step (the baseline)")
   a = ap.parse_args(argv)
   steps = [int(s) for s in a.steps.split(",") if s]
   if a.chunks < 26:
@@ -158,8 +177,8 @@ def main(argv=None):
   controls = Controls(speed=0.05, turn=5.0)
   print(f"backend {jax.default_backend()}, {jax.local_device_count()} device(s); keys held: {' + '.join(KEYS)}")
   print("| model | memory | steps | chunk ~20 (ms) | frames/s | rollout ~20 (ms) | viewer / rollout | programs alone (ms) |"
-        " chunk / programs | chunk ~far (ms) | far / 20 | peak MiB |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        " chunk / programs | chunk ~far (ms) | far / 20 | per-step views ~20 (ms) | hoisting speed-up | peak MiB |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for name in a.configs.split(","):
     config = load_config(name)
     chunk = int(config.recipe.chunk_size)
@@ -178,9 +197,15 @@ def main(argv=None):
           fmed = np.median(far_times[a.far:])
           far_cell, ratio = f"{1e3 * fmed:.1f}", f"{fmed / med:.2f}"
         floor, _ = forward_floor(model, first, k, policy, st, controls) if a.floor else (float("nan"), 0)
+        unhoisted = gain = "-"
+        if a.per_step_views:
+          with per_step_views(cfg):
+            old_times, _ = walk(model, first, k, policy, st, a.chunks, controls)
+          omed = np.median(old_times[15:25])
+          unhoisted, gain = f"{1e3 * omed:.1f}", f"{omed / med:.2f}x"
         print(f"| {label} | {policy} | {st} | {1e3 * med:.1f} | {chunk / med:.1f} | {1e3 * bmed:.1f} | "
-              f"{med / bmed:.2f} | {1e3 * floor:.1f} | {med / floor:.2f} | {far_cell} | {ratio} | {peak_mib():.0f} |",
-              flush=True)
+              f"{med / bmed:.2f} | {1e3 * floor:.1f} | {med / floor:.2f} | {far_cell} | {ratio} | {unhoisted} | {gain} | "
+              f"{peak_mib():.0f} |", flush=True)
 
 
 if __name__ == "__main__":
