@@ -12,7 +12,8 @@ cost with ``--adapter`` is the same). Per row: the median wall time of chunks 15
 frames / time), and the process's peak resident memory. The baseline in the same run is the rollout of
 :mod:`jaxwm.sampling.streaming` on the same poses (``rollout`` column: the sampler without the viewer's
 per-chunk work); the viewer should cost no more than a few percent above it. "programs alone": the chunk's
-compiled denoising scan and commit forward timed again on their own with the arguments of chunk 20: the gap to
+compiled programs (the cache's views, the denoising scan, the commit forward) timed again on their own with the
+arguments of chunk 20: the gap to
 the chunk's time is the sampler's host work (memory-policy bookkeeping, slot moves, noise, transfers).
 "per-step views": with ``--per-step-views 1`` the same walk again with the encoding's ``cache_views`` switched off,
 so every Euler step's forward transforms the cached keys for the chunk's views again (WorldRoPE; the sampler before
@@ -86,7 +87,7 @@ def forward_floor(model, first, k, policy, steps, controls, warm=20, reps=7):
   p = Player(model, first, k, memory=policy, steps=steps, controls=controls)
   for _ in range(warm):
     p.step(KEYS)
-  calls, originals = [], (streaming._denoise_jit, streaming._commit_jit)  # pylint: disable=protected-access
+  calls, originals = [], (streaming._denoise_jit, streaming._commit_jit, streaming._views_jit)  # pylint: disable=protected-access
 
   def recorder(fn, donated):
     def call(*args, **kwargs):
@@ -97,10 +98,11 @@ def forward_floor(model, first, k, policy, steps, controls, warm=20, reps=7):
 
   streaming._denoise_jit = recorder(originals[0], ())  # pylint: disable=protected-access
   streaming._commit_jit = recorder(originals[1], (2,))  # pylint: disable=protected-access
+  streaming._views_jit = recorder(originals[2], ())  # pylint: disable=protected-access
   try:
     p.step(KEYS)
   finally:
-    streaming._denoise_jit, streaming._commit_jit = originals  # pylint: disable=protected-access
+    streaming._denoise_jit, streaming._commit_jit, streaming._views_jit = originals  # pylint: disable=protected-access
   total = 0.0
   for fn, args, kwargs, donated in calls:
     times = []

@@ -236,7 +236,8 @@ def test_streaming_equals_training_layout(data, name):
 def test_denoising_with_views_hoisted_equals_step_by_step_forwards(data, name):
   """``denoise`` computes the cache's per-view keys once per chunk (``CameraEncoding.cache_views``: WorldRoPE's
   ``transform_keys`` of every cached key for the chunk's cameras) instead of in each Euler step's forward; its
-  result equals the Euler steps of plain ``chunk_forward`` calls, which transform cache and own keys together."""
+  result equals the Euler steps of plain ``chunk_forward`` calls, which transform cache and own keys together, and
+  the commit pass given the same views writes what it writes computing its own."""
   from jaxwm.encodings.base import model_poses  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling.streaming import denoise  # pylint: disable=g-import-not-at-top
   model = WanModel(_cfg(**VARIANTS[name]))
@@ -260,6 +261,12 @@ def test_denoising_with_views_hoisted_equals_step_by_step_forwards(data, name):
   for t, t_next in zip(schedule[:-1], schedule[1:]):
     want = flow.euler_step(want, step(cache, want, t), t, t_next)
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+  # The commit pass that follows reads the same views: it writes what a commit computing its own writes.
+  with_views, alone = (jax.jit(lambda c, x, v: commit(model, variables, c, x, pos(f), cameras=cams(f), views=v))(
+      cache, got, v) for v in (views, None))
+  for name in alone.keys:
+    np.testing.assert_allclose(with_views.keys[name], alone.keys[name], atol=2e-5, rtol=2e-5, err_msg=name)
+  assert set(with_views.keys) == set(cache.keys)  # the views are not stored
 
 
 @pytest.mark.parametrize("name", ["viewrope", "prope_per_token", "worldrope"])  # mrope/plucker: see zero-init tests

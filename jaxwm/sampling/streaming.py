@@ -50,33 +50,50 @@ def chunk_forward(model, variables, cache, x, t, frame_pos, context=None, camera
                      cache=cache, rngs=rngs)
 
 
-def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rng=None, slots=None):
+def cache_views(model, cache, cameras):
+  """What the model's encoding computes once per chunk from the cache's keys and the chunk's ``cameras``
+  (:meth:`jaxwm.encodings.base.CameraEncoding.cache_views`: WorldRoPE's per-view keys), shared by the chunk's
+  Euler steps and its commit pass (neither the cache nor the cameras change in between): ``{name: [L_softmax,
+  B, ...]}``, or ``{}``."""
+  cfg = model.cfg
+  if cameras is None or not cfg.num_softmax_layers:
+    return {}
+  return cfg.encoding.cache_views(cfg, cache.keys, model_poses(cameras.c2w, cfg.camera.translation_scale),
+                                  cameras.intrinsics)
+
+
+def _with_views(cache, views):
+  """``cache`` as the model reads it, with :func:`cache_views`' tensors beside its keys (never written back)."""
+  return cache.replace(keys={**cache.keys, **views}) if views else cache
+
+
+def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rng=None, slots=None, views=None):
   """Writes the raw keys/values of clean chunk ``x`` (forward at ``t = 0``) into cache slots.
 
   ``slots``: ``[Sc]`` int slot of each frame (default: the next ones, ``length .. length+Sc-1``);
   the slots' positions are ``frame_pos`` and their cameras the chunk's. LOCI's state is replaced.
+  ``views``: :func:`cache_views` of this cache for ``cameras``, when the denoising computed them (else the forward
+  computes what it needs itself).
   """
   b, sc = x.shape[:2]
-  _, own = chunk_forward(model, variables, cache, x, jnp.zeros((b, sc)), frame_pos, context, cameras, rng)
+  _, own = chunk_forward(model, variables, _with_views(cache, views), x, jnp.zeros((b, sc)), frame_pos, context,
+                         cameras, rng)
   slots = cache.length + jnp.arange(sc) if slots is None else jnp.asarray(slots, jnp.int32)
   return cache.write(own, slots, frame_pos, cameras)
 
 
-def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, guidance=1.0, cameras=None, rng=None):
+def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, guidance=1.0, cameras=None, rng=None,
+            views=None):
   """Euler integration of a chunk from ``schedule[0] = 1`` to ``schedule[-1] = 0``; the cache is only read.
 
-  ``rng``: the ``frame_select`` stream, folded with the step index (frame-sparse models).
+  ``rng``: the ``frame_select`` stream, folded with the step index (frame-sparse models). ``views``:
+  :func:`cache_views` of ``cache`` for ``cameras`` (computed here when None), shared by every step.
 
   With ``guidance != 1`` the batch holds ``[conditional; unconditional]`` halves (contexts and
   cache rows alike) and ``v = v_u + guidance (v_c - v_u)`` is applied to both halves.
   """
   b, sc = noise.shape[:2]
-  cfg = model.cfg
-  if cameras is not None and cfg.num_softmax_layers:  # what the encoding can compute once for every step
-    views = cfg.encoding.cache_views(cfg, cache.keys, model_poses(cameras.c2w, cfg.camera.translation_scale),
-                                     cameras.intrinsics)
-    if views:
-      cache = cache.replace(keys={**cache.keys, **views})
+  cache = _with_views(cache, cache_views(model, cache, cameras) if views is None else views)
 
   def body(x, ts):
     t, t_next, i = ts
@@ -95,6 +112,7 @@ def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, g
 # Compiled once per (model, shapes), shared by every sampler of the same model.
 _commit_jit = jax.jit(commit, static_argnums=(0,), donate_argnums=(2,))
 _denoise_jit = jax.jit(denoise, static_argnames=("model", "guidance"))
+_views_jit = jax.jit(cache_views, static_argnums=(0,))
 _normal_jit = jax.jit(jax.random.normal, static_argnums=1)  # eager random ops compile several programs
 
 
@@ -167,27 +185,30 @@ class StreamingSampler:
     ``slots``: cache slots the commit writes (default: the next ones); ``commit_before(x)``
     runs between denoising and the commit (memory bookkeeping) and may return new ``slots``.
     """
-    x, pos, cams = self.denoise_chunk(cache, key, num_frames, cameras, start)
+    x, pos, cams, views = self.denoise_chunk(cache, key, num_frames, cameras, start)
     if commit_before is not None:
       slots = commit_before(x)
-    return x[:self.batch_size], self.commit_chunk(cache, key, x, pos, cams, slots)
+    return x[:self.batch_size], self.commit_chunk(cache, key, x, pos, cams, slots, views)
 
   def denoise_chunk(self, cache, key, num_frames, cameras=None, start=None):
-    """The first half of :meth:`generate`: ``(x [rows, n, h, w, C], positions, row cameras)``, cache unchanged."""
+    """The first half of :meth:`generate`: ``(x [rows, n, h, w, C], positions, row cameras, views)``, cache
+    unchanged; ``views`` (:func:`cache_views`) serve the commit of ``x`` into the same cache."""
     shape = (self.batch_size, num_frames, *self.latent_hw, self.channels)
     z = self._rows(_normal_jit(key, shape))
     start = cache.length.astype(jnp.float32) if start is None else jnp.float32(start)
     pos = jnp.broadcast_to(start + jnp.arange(num_frames, dtype=jnp.float32), (self.rows, num_frames))
     cams = self._cams(cameras)
+    views = _views_jit(self.model, cache, cams)
     x = _denoise_jit(model=self.model, variables=self.variables, cache=cache, noise=z, frame_pos=pos,
                      schedule=self.schedule, context=self.context, guidance=self.guidance, cameras=cams,
-                     rng=jax.random.fold_in(key, 1) if self.cfg.attention.sparse else None)
-    return x, pos, cams
+                     rng=jax.random.fold_in(key, 1) if self.cfg.attention.sparse else None, views=views)
+    return x, pos, cams, views
 
-  def commit_chunk(self, cache, key, x, pos, cams, slots=None):
-    """The second half of :meth:`generate`: the denoised chunk written into ``slots``; returns the cache."""
+  def commit_chunk(self, cache, key, x, pos, cams, slots=None, views=None):
+    """The second half of :meth:`generate`: the denoised chunk written into ``slots``; returns the cache.
+    ``views``: :meth:`denoise_chunk`'s, for the same cache (a memory policy's bookkeeping in between only reads it)."""
     return _commit_jit(self.model, self.variables, cache, x, pos, self.context, cams,
-                       jax.random.fold_in(key, 2) if self.cfg.attention.sparse else None, slots)
+                       jax.random.fold_in(key, 2) if self.cfg.attention.sparse else None, slots, views)
 
   def session(self, first, key, cameras=None, memory=None, slots=None, keep_frames=True):
     """An interactive :class:`Session` from ``first [B, 1, h, w, C]`` (with its ``cameras``): the user gives
@@ -303,7 +324,7 @@ class Session:
                                                                    sampler.tokens_per_frame, sampler.cfg.compute_dtype))
     self.num_frames, self.num_chunks = 1, 0
     self._pending = [0]  # frames committed but not yet booked (frame 0: booked with the first chunk's look-ahead)
-    self._uncommitted = None  # (frames, x, pos, cams, key) of the latest chunk
+    self._uncommitted = None  # (frames, x, pos, cams, key, views) of the latest chunk
     self.chunks = [np.asarray(first)]
 
   def next(self, cameras=None, num_frames=None):
@@ -332,19 +353,20 @@ class Session:
       self.cache = self.book.after_commit(self.cache, self._pending)
       self._pending = []
     if self._uncommitted is not None:
-      frames, x, pos, cams, key = self._uncommitted
+      frames, x, pos, cams, key, views = self._uncommitted
       self._uncommitted = None
       slots = self.book.before_commit(self.cache, frames)
-      self.cache = self.book.after_commit(self.sampler.commit_chunk(self.cache, key, x, pos, cams, slots), frames)
+      self.cache = self.book.after_commit(self.sampler.commit_chunk(self.cache, key, x, pos, cams, slots, views),
+                                          frames)
     key = jax.random.fold_in(self.key, self.num_chunks + 1)
     try:
-      x, pos, cams = self.sampler.denoise_chunk(self.cache, key, size, cameras, start=self.book.num_resident)
+      x, pos, cams, views = self.sampler.denoise_chunk(self.cache, key, size, cameras, start=self.book.num_resident)
     except Exception:
       if self.poses is not None:  # this chunk never happened: a retry starts from the same state
         self.poses.n -= size
       raise
     frames = list(range(self.num_frames, self.num_frames + size))
-    self._uncommitted = (frames, x, pos, cams, key)
+    self._uncommitted = (frames, x, pos, cams, key, views)
     self.num_frames += size
     self.num_chunks += 1
     out = np.asarray(x[:self.sampler.batch_size])
