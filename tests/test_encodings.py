@@ -264,8 +264,8 @@ def test_denoising_with_views_hoisted_equals_step_by_step_forwards(data, name):
   # The commit pass that follows reads the same views: it writes what a commit computing its own writes.
   with_views, alone = (jax.jit(lambda c, x, v: commit(model, variables, c, x, pos(f), cameras=cams(f), views=v))(
       cache, got, v) for v in (views, None))
-  for name in alone.keys:
-    np.testing.assert_allclose(with_views.keys[name], alone.keys[name], atol=2e-5, rtol=2e-5, err_msg=name)
+  for entry in alone.keys:
+    np.testing.assert_allclose(with_views.keys[entry], alone.keys[entry], atol=2e-5, rtol=2e-5, err_msg=entry)
   assert set(with_views.keys) == set(cache.keys)  # the views are not stored
 
 
