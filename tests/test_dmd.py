@@ -137,6 +137,54 @@ def test_student_rollout_at_init_is_the_base_few_step_sampler(setup):
   assert np.abs(early[:, 1:] - want[:, 1:]).max() > 1e-3
 
 
+def test_regression_targets_are_the_teachers_samples_on_the_students_history(setup):
+  """Each chunk's ODE-regression target is the teacher's T-step sample from that chunk's noise against the
+  student's own history: checked against the streaming sampler of the teacher, fed the student's chunk 0 by
+  hand. A student that is the teacher at T steps has its own samples as targets."""
+  model, base, batch, settings = setup["model"], setup["base"], setup["batch"], setup["settings"]
+  first = dmd.first_latents(batch, 4)
+  cams = Cameras(batch["c2w"], batch["intrinsics"])
+  key, teacher_steps = jax.random.key(6), 3
+  teacher_schedule = np.asarray(flow.sampling_schedule(teacher_steps, settings.shift), np.float32)
+  roll = jax.jit(lambda p, g, sched: dmd.student_rollout(model, lora.apply_lora(p, g, SPEC), first, cams, key,
+                                                         settings.schedule, CHUNK, F, teacher=p,
+                                                         teacher_schedule=sched))
+  g0 = setup["state"].generator
+  video, targets = map(np.asarray, roll(base, g0, teacher_schedule))
+  assert targets.shape == video[:, 1:].shape
+  teacher = StreamingSampler(model, {"params": base}, batch_size=B, max_frames=F, latent_hw=(4, 4), channels=48,
+                             num_steps=teacher_steps, shift=settings.shift)
+  cache = teacher.start(first, cams.frames(slice(0, 1)))
+  for c in range(2):  # chunk c: the teacher from noise fold_in(key, c + 1); then the *student's* chunk committed
+    lo, hi = 1 + c * CHUNK, 1 + (c + 1) * CHUNK
+    x, pos, row_cams, views = teacher.denoise_chunk(cache, jax.random.fold_in(key, c + 1), CHUNK,
+                                                    cams.frames(slice(lo, hi)))
+    np.testing.assert_allclose(targets[:, lo - 1:hi - 1], np.asarray(x), rtol=1e-5, atol=1e-5)
+    cache = teacher.commit_chunk(cache, key, jnp.asarray(video[:, lo:hi]), pos, row_cams, views=views)
+  assert np.abs(targets - video[:, 1:]).mean() > 1e-3  # 2 student steps are not the teacher's 3
+  same_video, same_targets = map(np.asarray, roll(base, g0, settings.schedule))  # at init: the teacher at 2 steps
+  np.testing.assert_allclose(same_targets, same_video[:, 1:], rtol=1e-5, atol=1e-5)
+
+
+def test_the_regression_term_pulls_the_student_to_the_teachers_samples(setup):
+  """At init the critic is the teacher, so DMD's gradient is zero and a generator update follows the regression
+  term alone: on a fixed batch and key a few updates lower it (a 1-step student, targets at 2 teacher steps)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  dist, base, batch = setup["dist"], setup["base"], setup["batch"]
+  settings = dataclasses.replace(setup["settings"], student_steps=1, regression_weight=1.0, regression_steps=2)
+  step = dmd.DistillStep(dist.model, dist.layout, SPEC, settings, dist.tx_gen, dist.tx_critic)
+  update = jax.jit(lambda s: step.generator_update(s, base, batch, jax.random.key(3)))
+  state = dist.init_state(base)
+  losses = []
+  for _ in range(4):
+    state, m = update(state)
+    losses.append(float(m["regression_loss"]))
+    assert float(m["dmd_loss"]) == 0.0 and float(m["score_gap"]) == 0.0  # the critic is still the teacher
+  assert losses[0] > 1e-3 and losses[-1] < 0.9 * losses[0], losses
+  with pytest.raises(ValueError, match="regression_weight=1.0: the regression targets are the unguided"):
+    dataclasses.replace(settings, guidance=2.0)
+
+
 def test_generator_step_changes_only_g_and_critic_step_only_f(setup):
   dist, base, batch = setup["dist"], setup["base"], setup["batch"]
   base_before = jax.tree_util.tree_map(np.array, base)

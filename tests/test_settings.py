@@ -151,6 +151,26 @@ def test_what_is_checked_is_what_runs():
     DistillConfig.from_dict({"rank": 4})
 
 
+def test_distillation_refuses_a_regression_to_a_guided_teacher(tmp_path):
+  """The ODE-regression targets are the unguided teacher's samples: a guided distillation with a regression term
+  is refused in one line naming the key, and each setting alone passes the block's checks."""
+  from configs import distill  # pylint: disable=g-import-not-at-top
+  from jaxwm.distill.loop import DistillConfigError, check_distill  # pylint: disable=g-import-not-at-top
+  c = distill.get_config()
+  c.distill.teacher = str(tmp_path)
+  c.distill.regression_weight = 2.0
+  check_distill(c)
+  c.model.cross_attn = True
+  c.distill.guidance = 3.0
+  with pytest.raises(DistillConfigError, match=r"^distill.regression_weight=2.0: must be 0 with distill.guidance "):
+    check_distill(c)
+  c.distill.regression_weight = 0.0
+  check_distill(c)
+  c.distill.regression_steps = 0
+  with pytest.raises(DistillConfigError, match="distill.regression_steps=0: "):
+    check_distill(c)
+
+
 def test_a_resume_compares_what_saved_keys_meant():
   """A checkpoint saved before ``recipe.layout`` existed trained with teacher forcing: resuming it with the default
   says so, and a resume that keeps it says nothing."""

@@ -55,6 +55,14 @@ and the chunk's output is the student's one-jump prediction ``x_k - t_k v`` at t
 of the few-step schedule is trained. Steps after ``k`` still run, with zero length (their time is held at
 ``t_k``), which keeps one compiled program for all ``k``.
 
+ODE regression (optional, ``regression_weight = lambda > 0``): DMD matches distributions, so a 1-2 step
+student may land on a sample the teacher would not have drawn from that noise. DMD (Yin et al. 2024) adds
+a regression to paired teacher samples, and CausVid / Self Forcing initialise the student on such ODE
+pairs. Here the pair is built inside the rollout: for each chunk the teacher integrates the chunk's own noise
+with ``T`` Euler steps against the same cache (the student's history), and the generator's loss becomes
+
+    dmd_loss + lambda * mean((x0_G - stop_gradient(x0_T))^2)          (:func:`regression_loss`)
+
 Updates alternate (DMD2's two time-scale rule): every ``critic_updates``-th iteration updates the
 generator, every iteration updates the critic (:class:`DistillStep`).
 
@@ -92,6 +100,8 @@ class DistillSettings:
     t_min, t_max, timestep_shift: DMD / critic re-noising times: ``shift(U(t_min, t_max))`` per chunk.
     exit: ``random`` or ``last`` (see the module docstring).
     latent_stride: space-to-depth stride (batches of uint8 frames).
+    regression_weight: ``lambda`` of the generator's ODE-regression term (:func:`regression_loss`); 0: pure DMD.
+    regression_steps: ``T``, the teacher's Euler steps (schedule shift ``shift``) for the regression targets.
   """
   student_steps: int = 4
   shift: float = 3.0
@@ -101,10 +111,21 @@ class DistillSettings:
   timestep_shift: float = 1.0
   exit: str = "random"
   latent_stride: int = 4
+  regression_weight: float = 0.0
+  regression_steps: int = 10
 
   def __post_init__(self):
     if self.exit not in EXITS:
       raise ValueError(f"distill.exit must be one of {EXITS}; got {self.exit!r}")
+    if self.regression_weight and self.guidance != 1.0:
+      raise ValueError(f"distill.regression_weight={self.regression_weight}: the regression targets are the "
+                       "unguided teacher's samples; use it with distill.guidance=1")
+
+  @property
+  def regression_schedule(self):
+    """``[T + 1]`` float32 times of the teacher's regression targets (``flow.sampling_schedule(T, shift)``)."""
+    with jax.ensure_compile_time_eval():
+      return np.asarray(flow.sampling_schedule(self.regression_steps, self.shift), np.float32)
 
   @property
   def schedule(self):
@@ -172,6 +193,15 @@ def dmd_loss(x0, grad):
   (its value, ``0.5 mean(grad^2)``, only monitors the size of the step)."""
   target = jax.lax.stop_gradient(x0 - grad)
   return 0.5 * jnp.mean(jnp.square(x0 - target))
+
+
+def regression_loss(x0, target):
+  """The ODE-regression term ``mean((x0 - stop_gradient(target))^2)``: the student's sample against the teacher's
+  multi-step sample from the same noise and history (the regression loss of DMD, Yin et al. 2024, which uses
+  LPIPS there; CausVid and Self Forcing's ODE initialisation). It pulls each sample to its own teacher sample,
+  where DMD only matches distributions; at a low step count it trades sharpness for fidelity to the teacher's
+  trajectory."""
+  return jnp.mean(jnp.square(x0 - jax.lax.stop_gradient(target)))
 
 
 def flow_matching_loss(v, x0, eps):
@@ -247,7 +277,7 @@ def teacher_velocity(model, params, video, x_t, t, cameras, layout, context=None
 
 
 def student_rollout(model, params, first, cameras, key, schedule, chunk_size, num_frames, context=None,
-                    exit_steps=None):
+                    exit_steps=None, teacher=None, teacher_schedule=None):
   """Streams ``num_frames`` frames from ``first`` chunk by chunk from the student's own KV cache.
 
   The same computation as ``StreamingSampler(model, {"params": params}, num_steps=S, ...).rollout(first,
@@ -266,9 +296,13 @@ def student_rollout(model, params, first, cameras, key, schedule, chunk_size, nu
     context: ``[B, Lt, D]`` text (``model.cross_attn``), the student's condition (guidance 1).
     exit_steps: ``[C]`` int, the step ``k`` in ``0..S-1`` whose one-jump prediction ``x_k - t_k v`` is
       chunk ``c``'s output (the steps after it have zero length); None: ``S - 1`` (the full sampler).
+    teacher, teacher_schedule: the teacher's parameters and its Euler schedule ``[T + 1]``: each chunk's
+      regression target (:func:`regression_loss`) is the teacher's ``T``-step sample from the chunk's own noise
+      against the same cache (the student's history): the ODE pair of CausVid / Self Forcing's initialisation.
 
   Returns:
-    ``[B, F, h, w, C]`` float32: ``first`` then the generated chunks.
+    ``[B, F, h, w, C]`` float32: ``first`` then the generated chunks; with ``teacher`` also the targets
+    ``[B, F - 1, h, w, C]`` (stop-gradient) of the generated frames.
   """
   if (num_frames - 1) % chunk_size or num_frames <= 1:
     raise ValueError(f"num_frames={num_frames} must be 1 + k * chunk_size (chunk_size={chunk_size}, k >= 1)")
@@ -276,6 +310,9 @@ def student_rollout(model, params, first, cameras, key, schedule, chunk_size, nu
   b, _, h, w, ch = first.shape
   n_chunks = (num_frames - 1) // chunk_size
   schedule = jnp.asarray(schedule, jnp.float32)
+  if teacher is not None:
+    teacher = jax.lax.stop_gradient(teacher)
+    teacher_schedule = jnp.asarray(teacher_schedule, jnp.float32)
   steps = schedule.shape[0] - 1
   sparse = cfg.attention.sparse
   ph, pw = cfg.patch_size[1:]
@@ -304,21 +341,28 @@ def student_rollout(model, params, first, cameras, key, schedule, chunk_size, nu
     start = (1 + c * chunk_size).astype(jnp.float32)
     pos = jnp.broadcast_to(start + jnp.arange(chunk_size, dtype=jnp.float32), (b, chunk_size))
     rng = jax.random.fold_in(ck, 1) if sparse else None
+    views = streaming.cache_views(model, cache, cams)  # once per chunk (the cache and cameras are fixed)
     # Steps 0..k-1 without gradient; after k they have zero length (time held at t_k).
     held = jnp.where(idx <= k, schedule[:steps], schedule[k])
-    x = streaming.denoise(model, frozen, cache, z, pos, held, context, 1.0, cams, rng)
+    x = streaming.denoise(model, frozen, cache, z, pos, held, context, 1.0, cams, rng, views=views)
     x = jax.lax.stop_gradient(x)
     t = schedule[k]
-    v, _ = streaming.chunk_forward(model, live, cache, x, jnp.full((b, chunk_size), t), pos, context, cams,
-                                   None if rng is None else jax.random.fold_in(rng, k))
+    v, _ = streaming.chunk_forward(model, live, streaming.with_views(cache, views), x, jnp.full((b, chunk_size), t),
+                                   pos, context, cams, None if rng is None else jax.random.fold_in(rng, k))
     x0 = flow.euler_step(x, v, t, schedule[steps])
+    target = () if teacher is None else jax.lax.stop_gradient(
+        streaming.denoise(model, {"params": teacher}, cache, z, pos, teacher_schedule, context, 1.0, cams, rng,
+                          views=views))
     cache = streaming.commit(model, frozen, cache, jax.lax.stop_gradient(x0), pos, context, cams,
-                             jax.random.fold_in(ck, 2) if sparse else None)
-    return cache, x0
+                             jax.random.fold_in(ck, 2) if sparse else None, views=views)
+    return cache, (x0, target)
 
-  _, chunks = jax.lax.scan(body, cache, (jnp.arange(n_chunks), per_chunk, exits))
-  chunks = jnp.swapaxes(chunks, 0, 1).reshape(b, n_chunks * chunk_size, h, w, ch)
-  return jnp.concatenate([first.astype(chunks.dtype), chunks], axis=1)
+  _, (chunks, targets) = jax.lax.scan(body, cache, (jnp.arange(n_chunks), per_chunk, exits))
+  def flat(a):  # [C, B, Sc, ...] -> [B, C * Sc, ...]
+    return jnp.swapaxes(a, 0, 1).reshape(b, n_chunks * chunk_size, h, w, ch)
+
+  video = jnp.concatenate([first.astype(chunks.dtype), flat(chunks)], axis=1)
+  return video if teacher is None else (video, flat(targets))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -369,8 +413,9 @@ class DistillStep:
   Keys: ``fold_in(key, state.step)``, then 0 (generator) and 1 (critic).
 
   Metrics: ``critic_loss``, ``critic_grad_norm``, ``critic_norm``; with ``train_generator`` also ``dmd_loss``,
-  ``gen_grad_norm``, ``gen_norm``, ``score_gap`` (``mean |v_fake - v_real|``) and ``dmd_norm`` (the mean
-  normaliser ``mean |x0 - x0_real|``). Norms of ``G`` / ``F`` are of their ``b`` factors (zero at init).
+  ``gen_grad_norm``, ``gen_norm``, ``score_gap`` (``mean |v_fake - v_real|``), ``dmd_norm`` (the mean
+  normaliser ``mean |x0 - x0_real|``) and, with ``settings.regression_weight``, ``regression_loss``. Norms of
+  ``G`` / ``F`` are of their ``b`` factors (zero at init).
   """
 
   def __init__(self, model, layout, spec, settings, tx_gen, tx_critic, null_context=None):
@@ -392,14 +437,15 @@ class DistillStep:
     context = batch["text_emb"].astype(jnp.float32) if self.model.cfg.cross_attn else None
     return first, cams, context
 
-  def rollout(self, params, batch, key):
-    """The student's self-forcing rollout ``[B, F, h, w, C]`` (exit steps drawn from ``key`` when ``exit="random"``)."""
+  def rollout(self, params, batch, key, teacher=None):
+    """The student's self-forcing rollout ``[B, F, h, w, C]`` (exit steps drawn from ``key`` when ``exit="random"``);
+    with ``teacher`` (its parameters) also the regression targets (:func:`student_rollout`)."""
     first, cams, context = self._inputs(batch)
     k_noise, k_exit = jax.random.split(key)
     s = self.settings
     exits = jax.random.randint(k_exit, (self.n_chunks,), 0, s.student_steps) if s.exit == "random" else None
     return student_rollout(self.model, params, first, cams, k_noise, s.schedule, self.chunk_size, self.num_frames,
-                           context, exits)
+                           context, exits, teacher, None if teacher is None else s.regression_schedule)
 
   def _renoise(self, video, key):
     """``(t [B, F-1], eps, x_t)``: one time per chunk of the generated frames, shared by its frames."""
@@ -412,11 +458,16 @@ class DistillStep:
     return t, eps, flow.noise(x0, eps, t)
 
   def generator_loss(self, g, f, base, batch, key):
-    """``(dmd_loss, aux)`` of the student ``base + G`` (differentiable in ``g`` through one step per chunk)."""
+    """``(dmd_loss + regression_weight * regression_loss, aux)`` of the student ``base + G`` (differentiable in
+    ``g`` through one step per chunk); ``aux``: ``dmd_loss``, ``score_gap``, ``dmd_norm`` and, with a regression
+    term, ``regression_loss``."""
     sg = jax.lax.stop_gradient
     k_roll, k_t, k_sel = jax.random.split(key, 3)
     frozen = sg(base)
-    video = self.rollout(lora.apply_lora(frozen, g, self.spec), batch, k_roll)
+    lam = self.settings.regression_weight
+    video = self.rollout(lora.apply_lora(frozen, g, self.spec), batch, k_roll, frozen if lam else None)
+    if lam:
+      video, targets = video
     clean = sg(video)
     t, _, x_t = self._renoise(clean, k_t)
     _, cams, context = self._inputs(batch)
@@ -428,7 +479,11 @@ class DistillStep:
     grad, norm = distribution_matching_grad(grouped(clean[:, 1:]), grouped(x_t), grouped(v_real), grouped(v_fake),
                                             grouped(t), axes=(2, 3, 4, 5))
     loss = dmd_loss(grouped(video[:, 1:]), grad)
-    return loss, {"score_gap": jnp.mean(jnp.abs(v_fake - v_real)), "dmd_norm": jnp.mean(norm)}
+    aux = {"dmd_loss": loss, "score_gap": jnp.mean(jnp.abs(v_fake - v_real)), "dmd_norm": jnp.mean(norm)}
+    if lam:
+      aux["regression_loss"] = reg = regression_loss(video[:, 1:], targets)
+      loss = loss + lam * reg
+    return loss, aux
 
   def critic_loss(self, f, g, base, batch, key):
     """The flow-matching loss of the critic ``base + F`` on a fresh (stop-gradient) student rollout."""
@@ -448,7 +503,8 @@ class DistillStep:
                                                                                batch, key)
     updates, opt = self.tx_gen.update(grads, state.gen_opt, state.generator)
     g = optax.apply_updates(state.generator, updates)
-    metrics = {"dmd_loss": loss, "gen_grad_norm": optax.tree.norm(grads), "gen_norm": _b_norm(g), **aux}
+    del loss  # aux holds its terms
+    metrics = {"gen_grad_norm": optax.tree.norm(grads), "gen_norm": _b_norm(g), **aux}
     return state.replace(generator=g, gen_opt=opt), metrics
 
   def critic_update(self, state, base, batch, key):

@@ -93,6 +93,9 @@ class DistillConfig(Block):
     lr_generator, lr_critic, b1, b2, grad_clip: Adam's (DMD2's ``b1 = 0``); ``grad_clip`` 0: none.
     t_min, t_max, timestep_shift: DMD and critic re-noising times ``shift(U(t_min, t_max))``.
     num_steps: iterations (every one updates the critic).
+    regression_weight: ``lambda`` of the ODE-regression term of the generator's loss (0: pure DMD;
+      :func:`jaxwm.distill.dmd.regression_loss`); its targets are the teacher's ``regression_steps``-step samples
+      from the same noise and history (guidance 1 only).
   """
   PREFIX = "distill"
   teacher: str = setting("", _teacher)
@@ -116,6 +119,8 @@ class DistillConfig(Block):
   t_max: float = setting(0.98, Float(gt=0, le=1, allowed="must be in (distill.t_min, 1]"))
   timestep_shift: float = setting(1.0, Float(gt=0))
   num_steps: int = setting(600, Int(lo=1))
+  regression_weight: float = setting(0.0, Float(ge=0))
+  regression_steps: int = setting(10, Int(lo=1))
 
   def check(self, prefix):
     if not self.t_min < self.t_max:
@@ -129,6 +134,9 @@ def check_distill(config):
     if "distill" not in config:
       raise ConfigError("distill", "<missing>", "the config has no distill block (start from configs/distill.py)")
     d = DistillConfig.from_dict(config.distill)
+    if d.regression_weight and d.guidance != 1.0:
+      raise ConfigError("distill.regression_weight", d.regression_weight, "must be 0 with distill.guidance != 1 "
+                        "(the regression targets are the unguided teacher's samples)")
     if d.guidance != 1.0 and not config.model.get("cross_attn", False):
       raise ConfigError("distill.guidance", d.guidance, "must be 1 for a model without text (model.cross_attn is "
                         "off: there is no condition for classifier-free guidance to drop)")
@@ -141,7 +149,9 @@ def settings_of(config):
   d = config.distill
   return dmd.DistillSettings(student_steps=int(d.student_steps), shift=float(d.shift), guidance=float(d.guidance),
                              t_min=float(d.t_min), t_max=float(d.t_max), timestep_shift=float(d.timestep_shift),
-                             exit=d.exit, latent_stride=int(config.data.latent_stride))
+                             exit=d.exit, latent_stride=int(config.data.latent_stride),
+                             regression_weight=float(d.regression_weight),
+                             regression_steps=int(d.regression_steps))
 
 
 def spec_of(config):
@@ -316,7 +326,9 @@ class DistillTask(Task):
     self.base = self.saved_config = self.extra = None
     n_lora = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(dist.abstract_state.generator))
     say(f"distilling: {n_lora / 1e6:.3f}M LoRA values per adapter (rank {d.rank}); {d.student_steps} student steps "
-        f"(exit {d.exit}); guidance {d.guidance}; {d.critic_updates} critic updates per generator update; mesh "
+        f"(exit {d.exit}); guidance {d.guidance}; {d.critic_updates} critic updates per generator update; "
+        + (f"ODE regression x{d.regression_weight} to the teacher at {d.regression_steps} steps; "
+           if d.regression_weight else "") + "mesh "
         f"{dict(dist.mesh.shape)}; workdir {self.workdir}")
 
   def checkpointer(self):
@@ -364,8 +376,9 @@ class DistillTask(Task):
     scalars = {k: m[k] for k in ("critic_loss", "critic_grad_norm", "critic_norm")}
     gens = [w for w in window if "dmd_loss" in w]
     if gens:  # the generator updates since the last line (means)
-      for k in ("dmd_loss", "gen_grad_norm", "score_gap", "dmd_norm"):
-        scalars[k] = float(np.mean([w[k] for w in gens]))
+      for k in ("dmd_loss", "gen_grad_norm", "score_gap", "dmd_norm", "regression_loss"):
+        if k in gens[0]:
+          scalars[k] = float(np.mean([w[k] for w in gens]))
       scalars["gen_norm"] = gens[-1]["gen_norm"]
     scalars.update(generator_updates=len(gens), steps_per_s=rate)
     return scalars
@@ -374,6 +387,8 @@ class DistillTask(Task):
     out = {"critic": f"{scalars['critic_loss']:.4f}"}
     if scalars["generator_updates"]:
       out.update(dmd=f"{scalars['dmd_loss']:.2e}", gap=f"{scalars['score_gap']:.3f}")
+      if "regression_loss" in scalars:
+        out["reg"] = f"{scalars['regression_loss']:.4f}"
     return out
 
   def on_save(self, ckpt, done, state, data_iter):

@@ -62,7 +62,7 @@ def cache_views(model, cache, cameras):
                                   cameras.intrinsics)
 
 
-def _with_views(cache, views):
+def with_views(cache, views):
   """``cache`` as the model reads it, with :func:`cache_views`' tensors beside its keys (never written back)."""
   return cache.replace(keys={**cache.keys, **views}) if views else cache
 
@@ -76,7 +76,7 @@ def commit(model, variables, cache, x, frame_pos, context=None, cameras=None, rn
   computes what it needs itself).
   """
   b, sc = x.shape[:2]
-  _, own = chunk_forward(model, variables, _with_views(cache, views), x, jnp.zeros((b, sc)), frame_pos, context,
+  _, own = chunk_forward(model, variables, with_views(cache, views), x, jnp.zeros((b, sc)), frame_pos, context,
                          cameras, rng)
   slots = cache.length + jnp.arange(sc) if slots is None else jnp.asarray(slots, jnp.int32)
   return cache.write(own, slots, frame_pos, cameras)
@@ -93,7 +93,7 @@ def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, g
   cache rows alike) and ``v = v_u + guidance (v_c - v_u)`` is applied to both halves.
   """
   b, sc = noise.shape[:2]
-  cache = _with_views(cache, cache_views(model, cache, cameras) if views is None else views)
+  cache = with_views(cache, cache_views(model, cache, cameras) if views is None else views)
 
   def body(x, ts):
     t, t_next, i = ts
