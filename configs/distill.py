@@ -5,6 +5,10 @@
   python train.py --config configs/distill.py:viewrope_5b:smoke --config.distill.teacher=runs/viewrope_5b_smoke
   python sample.py --workdir runs/tiny --adapter runs/tiny_distill/adapter                   # 4 steps, merged
 
+The best 1-step student so far (RESULTS.md, 2026-12-04: 27.2 dB at the return frame, the teacher at 10 steps 29.5):
+``--config.distill.student_steps=1 --config.distill.regression_weight=4 --config.distill.critic_updates=2
+--config.distill.lr_generator=2e-4 --config.distill.rank=64 --config.distill.alpha=64 --config.distill.num_steps=444``.
+
 The config is the teacher's training config (``configs/<arg>.py``, default ``tiny``; ``<name>:<variant>`` for a
 variant; the model must be the teacher's) plus a ``distill`` block. The run reads only first frames and camera paths of the training clips.
 """
