@@ -23,8 +23,9 @@ Iteration ``s`` (from 0) updates the generator when ``s % distill.critic_updates
 ``critic_loss``, ``critic_grad_norm``, ``critic_norm`` (norm of F's ``b`` factors) of that iteration; the means
 over the generator updates since the previous line of ``dmd_loss``, ``gen_grad_norm``, ``score_gap``
 (``mean |v_fake - v_real|``: zero while the critic is still the teacher), ``dmd_norm`` and, with
-``distill.regression_weight > 0``, ``regression_loss``, with ``gen_norm`` and ``generator_updates``; ``steps_per_s``. (A resume replays the same lines when ``train.ckpt_every`` is a multiple
-of ``train.log_every``.)
+``distill.regression_weight > 0``, ``regression_loss``, with ``gen_norm`` and ``generator_updates``;
+``steps_per_s``. (A resume replays the same lines when ``train.ckpt_every`` is a multiple of
+``train.log_every``.)
 """
 
 import copy
