@@ -161,3 +161,35 @@ def test_per_view_attention_matches_per_frame_dense_attention():
     p /= p.sum(-1, keepdims=True)
     want[:, rows] = np.einsum("bhqk,bkhd->bqhd", p, v.astype(np.float64))
   np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_per_view_keys_equal_the_vectorised_ones():
+  """``transform_keys(per_view=True)`` (the sampler's cache views: a loop over views, terms written out, the
+  polynomial sincos) gives the vectorised form's values: odd key counts, 1 and 3 hypotheses, mixed and axial
+  frequencies, scattered pairs, a view that sees some hypotheses from behind, float32 and bfloat16 keys."""
+  rng = np.random.default_rng(7)
+  head_dim = 32  # RoPE pairs 6..15 are h/w
+  for b, lk, m, fq, pairs, mixed, dtype in [(2, 13, 3, 3, list(range(6, 16)), False, jnp.float32),
+                                            (1, 7, 1, 2, [9, 6, 14], True, jnp.float32),
+                                            (1, 9, 3, 1, [7, 12], False, jnp.bfloat16)]:
+    freqs = wr.hw_frequencies(head_dim, pairs, mixed=mixed)
+    key_cam = np.tile(make_se3(np.eye(3), np.zeros(3)), (b, lk, 1, 1))
+    mean, root = wr.unproject_gaussians(jnp.asarray(rng.uniform(0, 64, (b, lk, 2)), jnp.float32),
+                                        jnp.asarray(rng.uniform(0.5, 6, (b, lk, m)), jnp.float32),
+                                        jnp.asarray(rng.uniform(0.0, 0.5, (b, lk, m)), jnp.float32),
+                                        jnp.asarray(np.tile(K, (b, lk, 1, 1)), jnp.float32), jnp.asarray(key_cam,
+                                                                                                     jnp.float32), 4.0)
+    gauss = {"mean": mean, "root": root, "alpha": jax.nn.softmax(jnp.asarray(rng.normal(size=(b, lk, m)),
+                                                                             jnp.float32))}
+    rots = random_rotations(rng, fq)
+    q_c2w = np.stack([make_se3(r, rng.normal(size=3) * 0.5) for r in rots])
+    q_c2w[0] = make_se3(np.diag([1.0, -1.0, -1.0]), np.array([0.0, 0.0, 3.0]))  # turned round: some behind it
+    q_c2w = jnp.asarray(np.tile(q_c2w, (b, 1, 1, 1)), jnp.float32)
+    q_k = jnp.asarray(np.tile(K, (b, fq, 1, 1)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(b, lk, 4, head_dim)), dtype)
+    want = wr.transform_keys(k, gauss, q_k, q_c2w, freqs, pairs, 4.0)
+    got = jax.jit(lambda k_, g_: wr.transform_keys(k_, g_, q_k, q_c2w, freqs, pairs, 4.0, per_view=True))(k, gauss)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=0, atol=tol)
+    assert float(jnp.max(jnp.abs(want.astype(jnp.float32)))) > 0.1  # not all attenuated away

@@ -32,6 +32,7 @@ from jaxwm import kernels
 from jaxwm.encodings.base import CameraEncoding, ChannelPlan, per_token
 from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims, rope_frequencies
 from jaxwm.geometry.cameras import token_pixel_centers
+from jaxwm.ops.sincos import sincos
 
 
 def unproject_gaussians(uv, mu, sigma, intrinsics, c2w, patch_pixels):
@@ -116,6 +117,42 @@ def expected_rotary_factor(alpha, mean2, root2, valid, freqs):
   return jnp.sum(w * jnp.cos(phase), -2), jnp.sum(w * jnp.sin(phase), -2)
 
 
+def _project_terms(mean, root, intrinsics, c2w, eps=1e-6):
+  """:func:`project_gaussians` with every 3x3 product written out term by term (the same maths; XLA:CPU fuses
+  these into one loop, where it runs the einsums as thousands of batched 3x3 dots)."""
+  rot = c2w[..., None, :3, :3]  # [..., 1, 3, 3] against the hypotheses' [..., M, 3]
+  d = mean - c2w[..., None, :3, 3]
+  xc = [sum(rot[..., j, i] * d[..., j] for j in range(3)) for i in range(3)]  # R^T (X - o)
+  in_front = xc[2] > eps
+  zs = jnp.where(in_front, xc[2], 1.0)
+  k = intrinsics[..., None, :, :]
+  fx, fy, cx, cy, sk = k[..., 0, 0], k[..., 1, 1], k[..., 0, 2], k[..., 1, 2], k[..., 0, 1]
+  x, y = xc[0] / zs, xc[1] / zs
+  mean2 = jnp.where(in_front[..., None], jnp.stack([fx * x + sk * y + cx, fy * y + cy], -1), 0.0)
+  # rows of d(u, v) / d(x_c, y_c, z_c) chained with d x_c / d X = R^T: a_i[c] = sum_j jc[i, j] R[c, j]
+  jc = ((fx / zs, sk / zs, -(fx * x + sk * y) / zs), (None, fy / zs, -fy * y / zs))
+  a = [[sum(row[j] * rot[..., c, j] for j in range(3) if row[j] is not None) for c in range(3)] for row in jc]
+  root2 = jnp.stack([sum(ai[c][..., None] * root[..., c, :] for c in range(3)) for ai in a], -2)  # [..., M, 2, R]
+  return mean2, jnp.where(in_front[..., None, None], root2, 0.0), in_front
+
+
+def _factor_terms(alpha, mean2, root2, valid, freqs):
+  """:func:`expected_rotary_factor` with the small axes summed term by term and :func:`jaxwm.ops.sincos.sincos`
+  (the same maths; a reduction over the hypotheses ran 8x slower on XLA:CPU, ``jnp.sin`` / ``jnp.cos`` 2x)."""
+  f = np.asarray(freqs, np.float32)
+  fu, fv = f[:, 0], f[:, 1]
+  phase = mean2[..., 0:1] * fu + mean2[..., 1:2] * fv  # [..., M, P]
+  r0 = [root2[..., 0, c] for c in range(root2.shape[-1])]
+  r1 = [root2[..., 1, c] for c in range(root2.shape[-1])]
+  uu, vv, uv = sum(a * a for a in r0), sum(b * b for b in r1), sum(a * b for a, b in zip(r0, r1))
+  quad = jnp.maximum(uu[..., None] * fu**2 + vv[..., None] * fv**2 + (2.0 * uv)[..., None] * (fu * fv), 0.0)
+  w = (alpha * valid)[..., None] * jnp.exp(-0.5 * quad)
+  sin, cos = sincos(phase)
+  wc, ws = w * cos, w * sin
+  m = range(alpha.shape[-1])
+  return sum(wc[..., i, :] for i in m), sum(ws[..., i, :] for i in m)
+
+
 def axial_frequencies(freqs_h, freqs_w):
   """Axial 2-D frequencies: ``[w_h, ...]`` along rows (v), then ``[w_w, ...]`` along columns (u): ``[P, 2]``."""
   fh = jnp.stack([jnp.zeros_like(freqs_h), freqs_h], -1)
@@ -171,23 +208,34 @@ def key_gaussians(raw, uv, intrinsics, c2w, patch_pixels, depth_init):
   return {"mean": mean, "root": root, "alpha": jax.nn.softmax(logits, axis=-1)}
 
 
-def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token):
+def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token, per_view=False):
   """The pairs ``pair_idx`` of every key as seen from each query view: ``k [B, Lk, H, D]`` ->
   ``[B, Fq, Lk, H, 2 P]`` (channels ``2p, 2p + 1`` of each pair, in ``pair_idx`` order).
 
   Each pair is multiplied (as a complex number) by the expected rotary factor of the key's Gaussians
   projected into query view ``f`` (token-grid units). The other channels do not depend on the view and
   are not repeated per view (:func:`per_view_attention` takes them from ``k``).
+
+  ``per_view=True`` (the sampler's views of its cache, :meth:`WorldRoPE.cache_views`): the same values from a
+  loop over the query views with the factor's terms written out (:func:`_project_terms`, :func:`_factor_terms`),
+  so that XLA computes each factor once (fused into the product below, it was recomputed for every head and
+  channel): 5x faster forward on CPU (BENCHMARKS.md, "WorldRoPE's per-view keys"). Its backward is slower than the
+  vectorised form's, which training keeps.
   """
-  mean = gauss["mean"][:, None]  # [B, 1, Lk, M, 3]
-  root = gauss["root"][:, None]
-  kq = q_intrinsics[:, :, None]  # [B, Fq, 1, 3, 3]
-  cq = q_c2w[:, :, None]
-  mean2, root2, ok = project_gaussians(mean, root, kq, cq)
   s = pixels_per_token
-  mean2 = mean2 / s - 0.5  # pixel -> token-grid coordinates (token centres at integers)
-  root2 = root2 / s
-  re, im = expected_rotary_factor(gauss["alpha"][:, None], mean2, root2, ok, jnp.asarray(freqs))  # [B, Fq, Lk, P]
+  if per_view:
+    def view(cams):  # one query view's factor [B, Lk, P]
+      mean2, root2, ok = _project_terms(gauss["mean"], gauss["root"], cams[0][:, None], cams[1][:, None])
+      return _factor_terms(gauss["alpha"], mean2 / s - 0.5, root2 / s, ok, freqs)
+
+    re, im = jax.lax.map(view, (jnp.swapaxes(q_intrinsics, 0, 1), jnp.swapaxes(q_c2w, 0, 1)))  # [Fq, B, Lk, P]
+    re, im = jnp.swapaxes(re, 0, 1), jnp.swapaxes(im, 0, 1)
+  else:
+    mean2, root2, ok = project_gaussians(gauss["mean"][:, None], gauss["root"][:, None], q_intrinsics[:, :, None],
+                                         q_c2w[:, :, None])
+    # pixel -> token-grid coordinates (token centres at integers)
+    re, im = expected_rotary_factor(gauss["alpha"][:, None], mean2 / s - 0.5, root2 / s, ok,
+                                    jnp.asarray(freqs))  # [B, Fq, Lk, P]
   pairs = np.asarray(pair_idx)
   kp = k.astype(jnp.float32).reshape(k.shape[:-1] + (k.shape[-1] // 2, 2))[:, :, :, pairs]  # [B, Lk, H, P, 2]
   k0, k1 = kp[:, None, ..., 0], kp[:, None, ..., 1]  # [B, 1, Lk, H, P]
@@ -283,10 +331,10 @@ class WorldRoPE(CameraEncoding):
 
     def layer(k, mean, root, alpha):
       gauss = {"mean": mean, "root": root, "alpha": alpha}
-      return transform_keys(k.astype(cfg.compute_dtype), gauss, q_k, c2w, freqs, pairs, pixels)
+      return transform_keys(k.astype(cfg.compute_dtype), gauss, q_k, c2w, freqs, pairs, pixels, per_view=True)
 
-    return {"wr_views": jax.lax.map(lambda a: layer(*a), tuple(cache_keys[n] for n in
-                                                               ("k", "wr_mean", "wr_root", "wr_alpha")))}
+    # every layer at once (a loop over layers wrote its stacked output 2x slower on CPU)
+    return {"wr_views": jax.vmap(layer)(*(cache_keys[n] for n in ("k", "wr_mean", "wr_root", "wr_alpha")))}
 
   def attend(self, cfg, x, q, k, v, queries, cached, cache_kv, mask, plan):
     """Per-view attention of queries ``q [B, L, H, D]`` (raw) over own keys ``k, v`` and the cache.
