@@ -309,6 +309,8 @@ def test_fsdp_sharded_adapters_update_like_one_device(setup, tmp_path):
     state, m2 = d.generator_update(state, b, batch, jax.random.key(2))
     results.append(jax.tree_util.tree_map(np.asarray, ((state.generator, state.critic), {**m1, **m2})))
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-3), results[0][1], results[1][1])
-  # Adam's first steps are about lr * sign(g) (lr 1e-2): a factor updated the other way would be 2e-2 off;
-  # the reduction order of the sharded gradients moves tiny-gradient entries by ~4e-5.
-  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-4), results[0][0], results[1][0])
+  # Adam's first steps are about lr * sign(g) (lr 1e-2): a factor updated the other way would be 2e-2 off.
+  # An entry whose gradient is near Adam's eps moves by lr * dg / eps, so the sharded reduction order's round-off
+  # shows there: 4e-5 with the random exit, 1e-4 to 3e-4 with the default "last" (its gradient runs through the
+  # whole chunk schedule). 2e-3 stays 10x under a flipped update.
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-3), results[0][0], results[1][0])

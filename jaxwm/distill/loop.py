@@ -88,8 +88,9 @@ class DistillConfig(Block):
     use_ema: the teacher's EMA parameters when its checkpoint kept them.
     rank, alpha: LoRA of G (student) and F (critic); ReWorld: rank 128 on the 5B model.
     student_steps, shift: the student's Euler schedule, ``flow.sampling_schedule(student_steps, shift)``.
-    exit: where the generator's gradient leaves a chunk's rollout (:data:`jaxwm.distill.dmd.EXITS`); 2-step
-      students: ``last`` 28.5 dB at the return frame against ``random``'s 24.1 (RESULTS.md, 2026-12-04).
+    exit: where the generator's gradient leaves a chunk's rollout (:data:`jaxwm.distill.dmd.EXITS`); ``last`` (the
+      default since 2026-12-04) beat ``random`` at 2 steps (28.5 dB at the return frame against 24.1) and at 4
+      (29.0 against 28.4), RESULTS.md.
     guidance: the teacher's classifier-free guidance folded into the student (text models only; else 1).
     critic_updates: critic updates per generator update (DMD2's two time-scale rule: 5).
     lr_generator, lr_critic, b1, b2, grad_clip: Adam's (DMD2's ``b1 = 0``); ``grad_clip`` 0: none.
@@ -108,7 +109,7 @@ class DistillConfig(Block):
   alpha: float = setting(16.0, Float(gt=0), resume="refused")
   student_steps: int = setting(4, Int(lo=1))
   shift: float = setting(3.0, Float(gt=0))
-  exit: str = setting("random", Choice(dmd.EXITS))
+  exit: str = setting("last", Choice(dmd.EXITS))
   guidance: float = setting(1.0, Float(ge=1.0, allowed="must be a number >= 1 (1: no guidance)"))
   critic_updates: int = setting(5, Int(lo=1, allowed="must be an integer >= 1 (critic updates per generator "
                                                      "update; DMD2: 5)"))
