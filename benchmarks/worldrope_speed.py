@@ -98,7 +98,8 @@ def _keys_inputs(b, lk, fq, heads=4, head_dim=48, m=4, seed=0):
     return out
 
   key_c2w = np.stack([cam(0.1 * (i // n), [0.05 * (i // n), 0, 0]) for i in range(lk)])
-  mean, root = wr.unproject_gaussians(jnp.asarray(uv, jnp.float32), jnp.asarray(rng.uniform(1, 4, (lk, m)), jnp.float32),
+  mean, root = wr.unproject_gaussians(jnp.asarray(uv, jnp.float32),
+                                      jnp.asarray(rng.uniform(1, 4, (lk, m)), jnp.float32),
                                       jnp.asarray(rng.uniform(0.05, 0.5, (lk, m)), jnp.float32),
                                       jnp.asarray(np.tile(kmat, (lk, 1, 1))), jnp.asarray(key_c2w), 4.0)
   gauss = {"mean": jnp.broadcast_to(mean, (b,) + mean.shape), "root": jnp.broadcast_to(root, (b,) + root.shape),

@@ -55,7 +55,8 @@ and the chunk's output is the student's one-jump prediction ``x_k - t_k v`` at t
 of the few-step schedule is trained. Steps after ``k`` still run, with zero length (their time is held at
 ``t_k``), which keeps one compiled program for all ``k``. ``last`` is the default: with ``random`` the one-jump
 outputs, which the sampler never produces, also become the next chunks' history, and on the default teacher
-2- and 4-step students trained so scored 0.6-4 dB lower at the return frame (RESULTS.md, 2026-12-04).
+2- and 4-step students trained so scored 0.6-4.3 dB lower at the return frame (RESULTS.md, 2026-12-04;
+measured with the ODE-regression term on).
 
 ODE regression (optional, ``regression_weight = lambda > 0``): DMD matches distributions, so a 1-2 step
 student may land on a sample the teacher would not have drawn from that noise. DMD (Yin et al. 2024) adds

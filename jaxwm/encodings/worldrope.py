@@ -219,7 +219,7 @@ def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_to
   ``per_view=True`` (the sampler's views of its cache, :meth:`WorldRoPE.cache_views`): the same values from a
   loop over the query views with the factor's terms written out (:func:`_project_terms`, :func:`_factor_terms`),
   so that XLA computes each factor once (fused into the product below, it was recomputed for every head and
-  channel): 5x faster forward on CPU (BENCHMARKS.md, "WorldRoPE's per-view keys"). Its backward is slower than the
+  channel): 5x faster forward on CPU (BENCHMARKS.md, "WorldRoPE's views of the sampler's cache"). Its backward is slower than the
   vectorised form's, which training keeps.
   """
   s = pixels_per_token

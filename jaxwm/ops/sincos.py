@@ -9,8 +9,8 @@ so they dominated its expected rotary factor. Here, with ``n = round(2 x / pi)``
 
 and the quadrant ``n mod 4`` swaps and negates the pair. Absolute error 9.2e-8 against float64 for
 ``|x| <= 2e4`` (``jnp.sin``: 3.3e-8; tests/test_sincos.py bounds it by 2e-7); where float32 cannot reduce the
-argument at all (``|x| > ~1e9``) the pair is meaningless, as ``jnp.sin``'s is, but stays in ``[-1, 1]``. The derivative is the exact one, ``(cos x, -sin x)``, from the
-same evaluation (a custom JVP), not the polynomial's.
+argument at all (``|x| > ~1e9``) the pair is meaningless, as ``jnp.sin``'s is, but stays in ``[-1, 1]``. The
+derivative is the exact one, ``(cos x, -sin x)``, from the same evaluation (a custom JVP), not the polynomial's.
 """
 
 import jax
