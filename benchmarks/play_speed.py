@@ -17,7 +17,10 @@ arguments of chunk 20: the gap to
 the chunk's time is the sampler's host work (memory-policy bookkeeping, slot moves, noise, transfers).
 "per-step views": with ``--per-step-views 1`` the same walk again with the encoding's ``cache_views`` switched off,
 so every Euler step's forward transforms the cached keys for the chunk's views again (WorldRoPE; the sampler before
-2026-12-04): the baseline of hoisting them out of the denoising loop, measured in the same run.
+2026-12-04): the baseline of hoisting them out of the denoising loop, measured in the same run. "concatenated
+cache": with ``--concat-cache 1`` the same walk again with WorldRoPE's cached keys concatenated to the chunk's in
+every layer of every forward (the sampler's attention before the two-block softmax of
+``worldrope.per_view_attention_cached``).
 """
 
 import argparse
@@ -160,6 +163,27 @@ def per_step_views(cfg):
     jax.clear_caches()
 
 
+@contextlib.contextmanager
+def concatenated_cache():
+  """WorldRoPE's sampler forwards with the cache's keys, views and values concatenated with the chunk's in every
+  layer (the sampler's attention until 2026-12-04 night), instead of the two-block softmax of
+  ``per_view_attention_cached``."""
+  from jaxwm.encodings import worldrope as wr  # pylint: disable=g-import-not-at-top
+  saved = wr.per_view_attention_cached
+
+  def joined(q, cache, own, mask, n, channels):
+    cat = lambda i, axis: jnp.concatenate([cache[i], own[i]], axis)  # pylint: disable=unnecessary-lambda-assignment
+    return wr.per_view_attention(q, cat(0, 1), cat(1, 2), cat(2, 1), mask, n, channels, impl="xla_lse")
+
+  jax.clear_caches()
+  wr.per_view_attention_cached = joined
+  try:
+    yield
+  finally:
+    wr.per_view_attention_cached = saved
+    jax.clear_caches()
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="tiny,recipe_cpu:w384")
@@ -172,6 +196,8 @@ def main(argv=None):
   ap.add_argument("--floor", type=int, default=1, help="1: also time the chunk's compiled programs alone")
   ap.add_argument("--per-step-views", type=int, default=0,
                   help="1: also time the walk with the cache's views computed in every Euler step (the baseline)")
+  ap.add_argument("--concat-cache", type=int, default=0,
+                  help="1: also time the walk with the cache concatenated to the chunk in every forward (the baseline)")
   a = ap.parse_args(argv)
   steps = [int(s) for s in a.steps.split(",") if s]
   if a.chunks < 26:
@@ -179,8 +205,9 @@ def main(argv=None):
   controls = Controls(speed=0.05, turn=5.0)
   print(f"backend {jax.default_backend()}, {jax.local_device_count()} device(s); keys held: {' + '.join(KEYS)}")
   print("| model | memory | steps | chunk ~20 (ms) | frames/s | rollout ~20 (ms) | viewer / rollout | programs alone (ms) |"
-        " chunk / programs | chunk ~far (ms) | far / 20 | per-step views ~20 (ms) | hoisting speed-up | peak MiB |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        " chunk / programs | chunk ~far (ms) | far / 20 | per-step views ~20 (ms) | hoisting speed-up |"
+        " concatenated cache ~20 (ms) | two-block speed-up | peak MiB |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for name in a.configs.split(","):
     config = load_config(name)
     chunk = int(config.recipe.chunk_size)
@@ -205,9 +232,15 @@ def main(argv=None):
             old_times, _ = walk(model, first, k, policy, st, a.chunks, controls)
           omed = np.median(old_times[15:25])
           unhoisted, gain = f"{1e3 * omed:.1f}", f"{omed / med:.2f}x"
+        joined = split_gain = "-"
+        if a.concat_cache:
+          with concatenated_cache():
+            old_times, _ = walk(model, first, k, policy, st, a.chunks, controls)
+          omed = np.median(old_times[15:25])
+          joined, split_gain = f"{1e3 * omed:.1f}", f"{omed / med:.2f}x"
         print(f"| {label} | {policy} | {st} | {1e3 * med:.1f} | {chunk / med:.1f} | {1e3 * bmed:.1f} | "
               f"{med / bmed:.2f} | {1e3 * floor:.1f} | {med / floor:.2f} | {far_cell} | {ratio} | {unhoisted} | {gain} | "
-              f"{peak_mib():.0f} |", flush=True)
+              f"{joined} | {split_gain} | {peak_mib():.0f} |", flush=True)
 
 
 if __name__ == "__main__":

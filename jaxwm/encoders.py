@@ -56,11 +56,19 @@ class StreamDecoder:
   ``temporal_stride``); the concatenated chunks equal decoding the whole clip."""
 
   def __init__(self, init_state, step_fn):
-    self._state, self._step = init_state, step_fn
+    self._state, self._step_fn = init_state, step_fn
 
   def step(self, latents):
-    self._state, video = self._step(self._state, jnp.asarray(latents, jnp.float32))
-    return np.asarray(to_uint8(video))
+    self._state, video = _decode_uint8(self._step_fn, self._state, jnp.asarray(latents, jnp.float32))
+    return np.asarray(video)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode_uint8(step_fn, state, latents):
+  """One program per chunk: the decoder's step and the conversion to uint8 (eagerly, their small ops each
+  cost a dispatch)."""
+  state, video = step_fn(state, latents)
+  return state, to_uint8(video)
 
 
 def to_uint8(video):
@@ -78,10 +86,17 @@ def _space_to_depth(stride):
 
   def decoder(batch, h, w):
     del batch, h, w
-    return StreamDecoder(None, lambda state, z: (state, vae.decode(z, stride)))
+    return StreamDecoder(None, _space_to_depth_step(stride))
 
   return Autoencoder(f"space_to_depth:{stride}", stride, 1, 3 * stride**2,
                      lambda x: vae.encode(_to_float(x), stride), decoder)
+
+
+@functools.lru_cache(maxsize=None)
+def _space_to_depth_step(stride):
+  """The stateless decoder step of ``space_to_depth:stride`` (one function per stride: compiled once)."""
+  from jaxwm.models import vae  # pylint: disable=g-import-not-at-top
+  return lambda state, z: (state, vae.decode(z, stride))
 
 
 def _folder_config(source):

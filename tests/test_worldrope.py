@@ -4,6 +4,7 @@ the projected covariance against float64 finite differences, the bound |factor| 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import random_rotations
 
 from jaxwm.encodings import worldrope as wr
@@ -193,3 +194,40 @@ def test_per_view_keys_equal_the_vectorised_ones():
     tol = 1e-5 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=0, atol=tol)
     assert float(jnp.max(jnp.abs(want.astype(jnp.float32)))) > 0.1  # not all attenuated away
+
+
+def _split_case(seed, b, fq, n, lc, lo, h, d, pairs, head_mask=False, empty_cache_rows=False):
+  rng = np.random.default_rng(seed)
+  channels = wr.pair_channels(pairs)
+  arr = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
+  cache = (arr(b, lc, h, d), arr(b, fq, lc, h, len(channels)), arr(b, lc, h, d))
+  own = (arr(b, lo, h, d), arr(b, fq, lo, h, len(channels)), arr(b, lo, h, d))
+  shape = (b, h, fq * n, lc + lo) if head_mask else (b, fq * n, lc + lo)
+  mask = rng.random(shape) < 0.6
+  mask[..., lc] = True  # every query sees at least its first own key
+  if empty_cache_rows:
+    mask[..., : fq * n // 2, :lc] = False  # these queries see no cached key (the first chunk of a walk)
+  return arr(b, fq * n, h, d), cache, own, jnp.asarray(mask), channels
+
+
+@pytest.mark.parametrize("case", [dict(b=1, fq=2, n=4, lc=24, lo=8, h=2, d=8, pairs=[1, 3]),
+                                  dict(b=2, fq=3, n=3, lc=7, lo=9, h=3, d=12, pairs=[0, 2, 5], head_mask=True),
+                                  dict(b=2, fq=1, n=5, lc=11, lo=5, h=1, d=6, pairs=[2], empty_cache_rows=True)])
+def test_attention_over_cache_and_own_blocks_equals_the_concatenation(case):
+  """The sampler's per-view attention with the cache kept apart from the own chunk (a softmax over two blocks
+  with one shared maximum) equals :func:`per_view_attention` on the concatenated keys: values and the gradients
+  of every input (DMD differentiates the student's forward through it), with masks per query or per head, odd
+  sizes and queries that see no cached key."""
+  n = case["n"]
+  q, cache, own, mask, channels = _split_case(0, **case)
+  split = lambda q_, c_, o_: wr.per_view_attention_cached(q_, c_, o_, mask, n, channels)  # pylint: disable=unnecessary-lambda-assignment
+
+  def joined(q_, c_, o_):
+    cat = lambda i, axis: jnp.concatenate([c_[i], o_[i]], axis)  # pylint: disable=unnecessary-lambda-assignment
+    return wr.per_view_attention(q_, cat(0, 1), cat(1, 2), cat(2, 1), mask, n, channels)
+
+  np.testing.assert_allclose(np.asarray(split(q, cache, own)), np.asarray(joined(q, cache, own)), atol=2e-6)
+  w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+  grads = [jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(q, cache, own) for f in (split, joined)]
+  for got, want in zip(jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)

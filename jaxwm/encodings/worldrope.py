@@ -216,11 +216,11 @@ def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_to
   projected into query view ``f`` (token-grid units). The other channels do not depend on the view and
   are not repeated per view (:func:`per_view_attention` takes them from ``k``).
 
-  ``per_view=True`` (the sampler's views of its cache, :meth:`WorldRoPE.cache_views`): the same values from a
-  loop over the query views with the factor's terms written out (:func:`_project_terms`, :func:`_factor_terms`),
-  so that XLA computes each factor once (fused into the product below, it was recomputed for every head and
-  channel): 5x faster forward on CPU (BENCHMARKS.md, "WorldRoPE's views of the sampler's cache"). Its backward is slower than the
-  vectorised form's, which training keeps.
+  ``per_view=True`` (the sampler: :meth:`WorldRoPE.cache_views`, and the chunk's own keys in its forwards): the
+  same values from a loop over the query views with the factor's terms written out (:func:`_project_terms`,
+  :func:`_factor_terms`), so that XLA computes each factor once (fused into the product below, it was recomputed
+  for every head and channel): 5x faster forward on CPU (BENCHMARKS.md, "WorldRoPE's views of the sampler's
+  cache"). Its backward is slower than the vectorised form's, which training keeps.
   """
   s = pixels_per_token
   if per_view:
@@ -278,6 +278,44 @@ def per_view_attention(q, k, k_views, v, mask, tokens_per_frame, channels, impl=
   args = (qf[..., channels], k_views, qf[..., rest], k[..., rest])
   out = kernels.softmax_attention(functools.partial(_per_view_logits, scale=d**-0.5), args, v, mask, impl=impl)
   return out.astype(q.dtype)
+
+
+def per_view_attention_cached(q, cache, own, mask, tokens_per_frame, channels):
+  """:func:`per_view_attention` over ``[cache; own]`` keys without concatenating them (the sampler's forwards).
+
+  Args:
+    q: ``[B, Fq * N, H, D]`` (RoPE applied).
+    cache, own: ``(k [B, L, H, D], k_views [B, Fq, L, H, C], v [B, L, H, D])`` each, ``L = Lc`` and ``Lo``, as
+      :func:`per_view_attention` takes them.
+    mask: bool broadcastable to ``[B, Fq * N, Lc + Lo]`` (or ``[B, H, Fq * N, Lc + Lo]``), or None.
+
+  The softmax over both blocks is taken with one shared maximum ``m = max(max_c, max_o)``:
+
+      out = (exp(l_c - m) v_c + exp(l_o - m) v_o) / (sum exp(l_c - m) + sum exp(l_o - m)),
+
+  which is :func:`per_view_attention` on the concatenated keys, exactly in real arithmetic (the tests compare the
+  two, values and gradients); a forward copies no cached key into a concatenation (on CPU that copy, with its
+  layout change, was a tenth of the sampler's forward). Returns ``[B, Fq * N, H, D]`` in ``q``'s dtype.
+  """
+  b, _, h, d = q.shape
+  fq = own[1].shape[1]
+  qf = q.reshape(b, fq, tokens_per_frame, h, d)
+  rest = np.setdiff1d(np.arange(d), channels)
+  q_ch, q_rest = qf[..., channels], qf[..., rest]
+  lc = cache[0].shape[1]
+  masks = (None, None) if mask is None else (mask[..., :lc], mask[..., lc:])
+  logits = []
+  for (k, k_views, _), m in zip((cache, own), masks):
+    l = _per_view_logits(q_ch, k_views, q_rest, k[..., rest], scale=d**-0.5)  # [B, H, Fq * N, L]
+    if m is not None:
+      m = jnp.asarray(m)
+      l = jnp.where(m[:, None] if m.ndim == 3 else m, l, -jnp.inf)
+    logits.append(l)
+  top = jax.lax.stop_gradient(jnp.maximum(*(jnp.max(l, -1, keepdims=True) for l in logits)))
+  probs = [jnp.exp(l - top) for l in logits]
+  out = sum(jnp.einsum("bhqk,bkhd->bqhd", p, kv[2].astype(jnp.float32)) for p, kv in zip(probs, (cache, own)))
+  total = sum(jnp.sum(p, -1) for p in probs)  # [B, H, Lq]
+  return (out / jnp.swapaxes(total, 1, 2)[..., None]).astype(q.dtype)
 
 
 @flax.struct.dataclass
@@ -357,17 +395,21 @@ class WorldRoPE(CameraEncoding):
     own = {"k": k, "v": v, **{f"wr_{name}": gauss[name] for name in self._GAUSS}}
     keys = dict(own, k=apply_rotary(k, queries.rope * keep))  # keys: time RoPE only, at their positions
     pairs, freqs = self._pairs(cfg)
-    view = lambda ks: transform_keys(ks["k"], {n: ks[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs,  # pylint: disable=unnecessary-lambda-assignment
-                                     pairs, pixels)
+    view = lambda ks, per_view=False: transform_keys(  # pylint: disable=unnecessary-lambda-assignment
+        ks["k"], {n: ks[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs, pairs, pixels, per_view)
     hoisted = None if cache_kv is None else cache_kv.get("wr_views")  # the cache's views, from cache_views
-    own_views = view(keys) if hoisted is not None else None
+    channels = pair_channels(pairs)
+    n = q.shape[1] // cam.q_k.shape[1]
+    if hoisted is not None:  # the sampler (cache_views): the cache's blocks apart from the own chunk's
+      old_k = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
+      out = per_view_attention_cached(q, (old_k, hoisted.astype(k.dtype), cache_kv["v"].astype(v.dtype)),
+                                      (keys["k"], view(keys, per_view=True), v), mask, n, channels)
+      return out, own
     if cache_kv is not None:
       old = {name: cache_kv[name] for name in keys}
       old["k"] = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
       keys = {name: jnp.concatenate([old[name].astype(a.dtype), a], axis=1) for name, a in keys.items()}
-    k_views = view(keys) if hoisted is None else jnp.concatenate([hoisted.astype(k.dtype), own_views], axis=2)
-    return per_view_attention(q, keys["k"], k_views, keys["v"], mask, q.shape[1] // cam.q_k.shape[1],
-                              pair_channels(pairs), impl=cfg.attention_impl), own
+    return per_view_attention(q, keys["k"], view(keys), keys["v"], mask, n, channels, impl=cfg.attention_impl), own
 
 
 ENCODING = WorldRoPE()

@@ -166,9 +166,8 @@ class Player:
     self._back = []  # poses of the way back still to fly
 
   def _cams(self, c2w):
-    n = len(c2w)
-    return {"c2w": jnp.asarray(c2w, jnp.float32)[None], "intrinsics": jnp.asarray(np.tile(self.k, (n, 1, 1)),
-                                                                                  jnp.float32)[None]}
+    n = len(c2w)  # built on the host: each eager op on a device array costs a dispatch per chunk
+    return {"c2w": np.asarray(c2w, np.float32)[None], "intrinsics": np.tile(self.k, (1, n, 1, 1)).astype(np.float32)}
 
   @property
   def num_frames(self):

@@ -11,6 +11,8 @@ normalised over the trajectory, so a chunk is encoded the same whether the traje
 advance (:meth:`StreamingSampler.rollout`) or given chunk by chunk (:meth:`StreamingSampler.generate`).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,7 +115,17 @@ def denoise(model, variables, cache, noise, frame_pos, schedule, context=None, g
 _commit_jit = jax.jit(commit, static_argnums=(0,), donate_argnums=(2,))
 _denoise_jit = jax.jit(denoise, static_argnames=("model", "guidance"))
 _views_jit = jax.jit(cache_views, static_argnums=(0,))
-_normal_jit = jax.jit(jax.random.normal, static_argnums=1)  # eager random ops compile several programs
+_fold_in_jit = jax.jit(jax.random.fold_in)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _chunk_inputs_jit(key, start, shape, rows):
+  """A chunk's noise ``[rows, n, h, w, C]`` from ``key`` (``shape``: one guidance half's; the halves share it) and
+  positions ``start + [0, n)`` ``[rows, n]``: one program (eagerly, their small ops each cost a dispatch)."""
+  z = jax.random.normal(key, shape)
+  z = jnp.concatenate([z] * (rows // shape[0]))
+  pos = jnp.asarray(start, jnp.float32) + jnp.arange(shape[1], dtype=jnp.float32)
+  return z, jnp.broadcast_to(pos, (rows, shape[1]))
 
 
 class StreamingSampler:
@@ -194,9 +206,7 @@ class StreamingSampler:
     """The first half of :meth:`generate`: ``(x [rows, n, h, w, C], positions, row cameras, views)``, cache
     unchanged; ``views`` (:func:`cache_views`) serve the commit of ``x`` into the same cache."""
     shape = (self.batch_size, num_frames, *self.latent_hw, self.channels)
-    z = self._rows(_normal_jit(key, shape))
-    start = cache.length.astype(jnp.float32) if start is None else jnp.float32(start)
-    pos = jnp.broadcast_to(start + jnp.arange(num_frames, dtype=jnp.float32), (self.rows, num_frames))
+    z, pos = _chunk_inputs_jit(key, cache.length if start is None else np.float32(start), shape, self.rows)
     cams = self._cams(cameras)
     views = _views_jit(self.model, cache, cams)
     x = _denoise_jit(model=self.model, variables=self.variables, cache=cache, noise=z, frame_pos=pos,
@@ -358,7 +368,7 @@ class Session:
       slots = self.book.before_commit(self.cache, frames)
       self.cache = self.book.after_commit(self.sampler.commit_chunk(self.cache, key, x, pos, cams, slots, views),
                                           frames)
-    key = jax.random.fold_in(self.key, self.num_chunks + 1)
+    key = _fold_in_jit(self.key, self.num_chunks + 1)
     try:
       x, pos, cams, views = self.sampler.denoise_chunk(self.cache, key, size, cameras, start=self.book.num_resident)
     except Exception:
@@ -369,7 +379,7 @@ class Session:
     self._uncommitted = (frames, x, pos, cams, key, views)
     self.num_frames += size
     self.num_chunks += 1
-    out = np.asarray(x[:self.sampler.batch_size])
+    out = np.asarray(x if self.sampler.rows == self.sampler.batch_size else x[:self.sampler.batch_size])
     self.chunks = self.chunks + [out] if self.keep_frames else [out]
     return out
 
