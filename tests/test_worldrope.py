@@ -215,9 +215,9 @@ def _split_case(seed, b, fq, n, lc, lo, h, d, pairs, head_mask=False, empty_cach
                                   dict(b=2, fq=1, n=5, lc=11, lo=5, h=1, d=6, pairs=[2], empty_cache_rows=True)])
 def test_attention_over_cache_and_own_blocks_equals_the_concatenation(case):
   """The sampler's per-view attention with the cache kept apart from the own chunk (a softmax over two blocks
-  with one shared maximum) equals :func:`per_view_attention` on the concatenated keys: values and the gradients
-  of every input (DMD differentiates the student's forward through it), with masks per query or per head, odd
-  sizes and queries that see no cached key."""
+  with one shared maximum) equals float64 dense attention per query frame, and :func:`per_view_attention` on the
+  concatenated keys in values and in the gradients of every input (DMD differentiates the student's forward
+  through it), with masks per query or per head, odd sizes and queries that see no cached key."""
   n = case["n"]
   q, cache, own, mask, channels = _split_case(0, **case)
   split = lambda q_, c_, o_: wr.per_view_attention_cached(q_, c_, o_, mask, n, channels)  # pylint: disable=unnecessary-lambda-assignment
@@ -226,7 +226,25 @@ def test_attention_over_cache_and_own_blocks_equals_the_concatenation(case):
     cat = lambda i, axis: jnp.concatenate([c_[i], o_[i]], axis)  # pylint: disable=unnecessary-lambda-assignment
     return wr.per_view_attention(q_, cat(0, 1), cat(1, 2), cat(2, 1), mask, n, channels)
 
-  np.testing.assert_allclose(np.asarray(split(q, cache, own)), np.asarray(joined(q, cache, own)), atol=2e-6)
+  got = np.asarray(split(q, cache, own))
+  np.testing.assert_allclose(got, np.asarray(joined(q, cache, own)), atol=2e-6)
+  # and against float64 dense attention per query frame, each frame's keys carrying its own view's channels
+  f64 = lambda a: np.asarray(a, np.float64)  # pylint: disable=unnecessary-lambda-assignment
+  k = np.concatenate([f64(cache[0]), f64(own[0])], 1)
+  views = np.concatenate([f64(cache[1]), f64(own[1])], 2)
+  v = np.concatenate([f64(cache[2]), f64(own[2])], 1)
+  m = np.asarray(mask)
+  m = m if m.ndim == 4 else m[:, None]
+  want = np.zeros(got.shape)
+  for f in range(views.shape[1]):
+    kf = k.copy()
+    kf[..., channels] = views[:, f]
+    rows = slice(f * n, (f + 1) * n)
+    logit = np.einsum("bqhd,bkhd->bhqk", f64(q)[:, rows], kf) / np.sqrt(q.shape[-1])
+    logit = np.where(m[:, :, rows], logit, -np.inf)
+    p = np.exp(logit - logit.max(-1, keepdims=True))
+    want[:, rows] = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
+  np.testing.assert_allclose(got, want, atol=2e-5)
   w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
   grads = [jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(q, cache, own) for f in (split, joined)]
   for got, want in zip(jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])):
