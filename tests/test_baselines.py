@@ -39,6 +39,25 @@ def test_scores_and_remembers():
   assert baselines.remembers({"return_psnr": 1.0}) is None
 
 
+def test_return_colour_separates_a_global_offset_from_the_rest():
+  gt = _loop()
+  gt = (40 + gt.astype(np.int64) * 150 // 255).astype(np.uint8)  # room for an offset without clipping
+  shifted = gt.copy()
+  shifted[4] = gt[0].astype(np.int64) + np.array([-12, -10, 5])  # darker red and green, bluer
+  c = baselines.return_colour(shifted, gt, 4)
+  np.testing.assert_allclose(c["return_offset_rgb"], [-12, -10, 5])
+  assert c["return_offset"] == pytest.approx(-17 / 3) and c["return_psnr_offset_free"] == baselines.PSNR_CAP
+  assert baselines.frame_scores(shifted, gt, 4)["return_psnr"] < 30  # the plain PSNR sees the offset
+  # Detail errors stay: noise of zero mean is not an offset; float64 brute force of its PSNR.
+  noisy = gt.copy()
+  noise = np.random.default_rng(1).choice([-8, 8], size=gt[0].shape)
+  noise -= np.round(noise.reshape(-1, 3).mean(0)).astype(np.int64)
+  noisy[4] = gt[0] + noise
+  c = baselines.return_colour(noisy, gt, 4)
+  d = noise - noise.reshape(-1, 3).mean(0)
+  assert c["return_psnr_offset_free"] == pytest.approx(10 * np.log10(255.0 ** 2 / np.mean(d ** 2)))
+
+
 def test_labelled_video_has_labels_and_captions():
   gt = _loop()
   c2w = np.repeat(np.eye(4)[None], 5, 0)

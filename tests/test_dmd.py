@@ -274,6 +274,9 @@ def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path, c
   with pytest.raises(ResumeConfigError, match="distill.rank: 4 \\(checkpoint\\) != 8"):
     run(_config(**{"distill.teacher": str(teacher), "distill.rank": 8, "distill.num_steps": 6}), tmp_path / "a",
         mesh=mesh, progress=False)
+  with pytest.raises(ResumeConfigError, match="distill.targets: 'blocks' \\(checkpoint\\) != 'blocks_io'"):
+    run(_config(**{"distill.teacher": str(teacher), "distill.targets": "blocks_io", "distill.num_steps": 6}),
+        tmp_path / "a", mesh=mesh, progress=False)
   with pytest.raises(RunRefusedError, match="distill.teacher='': pass the teacher's training workdir"):
     run(_config(), tmp_path / "c", mesh=mesh, progress=False)
   assert not (tmp_path / "c").exists()

@@ -15,8 +15,12 @@ def test_loop_closure_cli(tiny_checkpoint, tmp_path, capsys):
   (rows,) = json.loads(out.with_suffix(".json").read_text())["settings"].values()
   assert len(rows) == 2 and all(np.isfinite(r["psnr"]) and 0 <= r["ssim"] <= 1 for r in rows)
   assert all("return_psnr" in r and 0 <= r["covis_chance"] <= 1 and 0 <= r["covis_mass"] <= 1 for r in rows)
+  # Removing the return frame's mean colour offset can only lower its error.
+  assert all(r["return_psnr_offset_free"] >= r["return_psnr"] - 1e-4 and len(r["return_offset_rgb"]) == 3
+             and abs(r["return_offset"] - np.mean(r["return_offset_rgb"])) < 1e-9 for r in rows)
   md = out.with_suffix(".md").read_text()
   assert "| magnitude | clips |" in md and "| axes | clips |" in md and "covis_mass" in md
+  assert "return_psnr_offset_free" in md
   assert (tmp_path / "lc_return_ssim.png").exists() and list(tmp_path.glob("lc_*_attention.png"))
   assert "LPIPS skipped" in capsys.readouterr().out
   # Co-visible score: the yaw-30 and yaw-45 loops keep part of the first view in sight on every in-between frame.

@@ -96,6 +96,30 @@ def test_targets_attention_and_ffn_of_every_stack_never_the_camera_path():
     lora.init_lora(jax.random.key(0), params, lora.LoraSpec(rank=2, include=(r"plucker_in/kernel$",)))
 
 
+def test_the_blocks_io_set_adds_the_embeddings_and_the_head_and_still_never_the_camera_path():
+  c = _model_config()
+  c.model.cross_attn = True  # a text embedder exists and must stay out
+  worldrope = tiny_config(**{"model.camera.encoding": "worldrope", "model.camera.channels": "hw"})
+  io = re.compile(r"^(patch_embedding|condition_embedder/time_(embedder_[12]|proj)|proj_out)/kernel$")
+  camera = re.compile(r"plucker|mrope|depth_head|memory|mem_gate|text|norm|bias|scale_shift_table")
+  for model_dict in (c.model, worldrope.model):
+    params = _abstract(model_dict)
+    flat = lora.flat_paths(params)
+    blocks = lora.lora_targets(params, lora.LoraSpec.of("blocks", 4, 4.0))
+    both = lora.lora_targets(params, lora.LoraSpec.of("blocks_io", 4, 4.0))
+    assert blocks == lora.lora_targets(params, SPEC)  # "blocks" is the default spec
+    want_io = sorted(p for p in flat if io.search(p))
+    assert len(want_io) == 5 and sorted(set(both) - set(blocks)) == want_io and set(blocks) <= set(both)
+    assert not [p for p in both if camera.search(p)]
+    assert any(re.search(r"text_embedder|plucker|depth_head", p) for p in flat)
+    # The head gets factors of the full rank of its small side (rank > out is allowed).
+    adapter = lora.init_lora(jax.random.key(0), params, lora.LoraSpec.of("blocks_io", 64, 64.0))
+    a, b = lora.factors(adapter)["proj_out/kernel"]
+    assert a.shape == (flat["proj_out/kernel"].shape[0], 64) and b.shape == (64, flat["proj_out/kernel"].shape[1])
+  with pytest.raises(ValueError, match="targets='all': must be one of 'blocks', 'blocks_io'"):
+    lora.LoraSpec.of("all", 4, 4.0)
+
+
 def test_apply_is_w_plus_scaled_product_on_stacked_and_plain_kernels():
   rng = np.random.default_rng(0)
   params = {"blocks": {"ffn_in": {"kernel": rng.normal(size=(3, 5, 7)).astype(np.float32),

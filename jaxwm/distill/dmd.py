@@ -12,9 +12,9 @@ Three models share one frozen backbone ``W`` (the trained multi-step model):
   sampler, so ``sample.py --adapter ... --steps S`` runs what was trained;
 - critic ("fake score") ``F``: ``W + LoRA_F``, trained by flow matching on the student's samples.
 
-The camera/pose path (Plücker injection, MRoPE/WorldRoPE parameters, LOCI memory), embeddings, norms,
-modulation tables and the head carry no LoRA (:class:`jaxwm.lora.LoraSpec`'s exclusions), so
-distillation cannot change how the model reads cameras.
+The camera/pose path (Plücker injection, MRoPE/WorldRoPE parameters, LOCI memory), norms and modulation tables
+carry no LoRA (:class:`jaxwm.lora.LoraSpec`'s exclusions), so distillation cannot change how the model reads
+cameras; the embeddings and the head get factors only with ``distill.targets=blocks_io``.
 
 Flow-matching algebra (``jaxwm.diffusion.flow``): ``x_t = (1 - t) x0 + t eps``, a velocity model
 ``v(x_t, t) ~ E[eps - x0 | x_t]`` gives

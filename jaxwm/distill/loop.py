@@ -87,6 +87,8 @@ class DistillConfig(Block):
     teacher_step: its checkpoint step (-1: the newest intact one).
     use_ema: the teacher's EMA parameters when its checkpoint kept them.
     rank, alpha: LoRA of G (student) and F (critic); ReWorld: rank 128 on the 5B model.
+    targets: the kernels that get factors (:data:`jaxwm.lora.TARGET_SETS`): ``blocks``, attention and FFN
+      (ReWorld's); ``blocks_io`` adds the patch embedding, the time embedding and the head.
     student_steps, shift: the student's Euler schedule, ``flow.sampling_schedule(student_steps, shift)``.
     exit: where the generator's gradient leaves a chunk's rollout (:data:`jaxwm.distill.dmd.EXITS`); ``last`` (the
       default since 2026-12-04) beat ``random`` at 2 steps (28.5 dB at the return frame against 24.1) and at 4
@@ -106,6 +108,7 @@ class DistillConfig(Block):
                               resume="free")
   use_ema: bool = setting(True, Bool())
   rank: int = setting(16, Int(lo=1), resume="refused")
+  targets: str = setting("blocks", Choice(tuple(lora.TARGET_SETS)), resume="refused")
   alpha: float = setting(16.0, Float(gt=0), resume="refused")
   student_steps: int = setting(4, Int(lo=1))
   shift: float = setting(3.0, Float(gt=0))
@@ -158,8 +161,9 @@ def settings_of(config):
 
 
 def spec_of(config):
-  """The :class:`jaxwm.lora.LoraSpec` of ``G`` and ``F`` (default targets: attention and FFN, never the camera path)."""
-  return lora.LoraSpec(rank=int(config.distill.rank), alpha=float(config.distill.alpha))
+  """The :class:`jaxwm.lora.LoraSpec` of ``G`` and ``F`` (``distill.targets``; never the camera path)."""
+  d = config.distill
+  return lora.LoraSpec.of(d.get("targets", "blocks"), rank=int(d.rank), alpha=float(d.alpha))
 
 
 class Distiller:

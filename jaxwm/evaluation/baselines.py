@@ -52,6 +52,23 @@ def frame_scores(video, gt, return_frame):
   return out
 
 
+def return_colour(video, gt, return_frame):
+  """The return frame's colour offset against the first frame (uint8 ``[F, H, W, 3]``, ``return_frame >= 1``).
+
+  Returns:
+    dict: ``return_offset`` (mean RGB of the return frame minus the first frame's, in levels of 255, averaged
+    over channels: negative is darker), ``return_offset_rgb`` (per channel) and ``return_psnr_offset_free``
+    (PSNR after subtracting the per-channel offset, capped at :data:`PSNR_CAP`): a global brightness or tint
+    error told apart from layout and detail.
+  """
+  ret, first = (np.asarray(x, np.float64) for x in (video[return_frame], gt[0]))
+  off = (ret - first).reshape(-1, ret.shape[-1]).mean(0)
+  mse = float(np.mean((ret - off - first) ** 2))
+  free = PSNR_CAP if mse == 0 else min(10 * np.log10(255.0 ** 2 / mse), PSNR_CAP)
+  return {"return_offset": float(off.mean()), "return_offset_rgb": [float(x) for x in off],
+          "return_psnr_offset_free": float(free)}
+
+
 def baseline_scores(gt, return_frame):
   """``{f"{name}_{score}": value}`` of both baselines; ``copy`` keeps only its in-between scores (its return
   frame is trivially perfect, which makes its all-frame PSNR infinite)."""

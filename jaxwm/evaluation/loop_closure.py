@@ -14,7 +14,9 @@ between the first and the return frame), the memory gain ``gain_<t>`` (the retur
 teacher-forced velocity error without the first view over with it, at noise level ``t``;
 :mod:`jaxwm.evaluation.memory_gain`) and two baselines (``mean_*``: the first frame's mean colour;
 ``copy_*``: the first frame copied; :mod:`jaxwm.evaluation.baselines`). ``remembers``: the share of
-clips whose return frame beats ``mean`` and whose in-between frames beat ``copy``. ``--probe`` adds the share of the return
+clips whose return frame beats ``mean`` and whose in-between frames beat ``copy``. ``return_offset`` (the return
+frame's mean colour minus the first frame's, levels of 255) and ``return_psnr_offset_free`` (its PSNR with that
+offset removed) tell a global brightness error from layout and detail. ``--probe`` adds the share of the return
 frame's history attention on co-visible keys (from ground-truth depth) against its chance level.
 
 ``palindrome``: out-and-back free paths; revisit pairs (ReWorld §4.3) are the mirror pairs
@@ -48,8 +50,8 @@ from jaxwm.utils.cli import run as run_cli
 
 COVIS_COLS = ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
               "mean_revealed_psnr", "covis_fraction", "covis_frames")
-LOOP_COLS = ("psnr", "ssim", "lpips", "between_psnr", "return_psnr", "return_ssim", "return_lpips", "gain_0.5",
-             "gain_0.8", "gain_1", "remembers", "mean_psnr", "mean_return_psnr", "mean_return_ssim",
+LOOP_COLS = ("psnr", "ssim", "lpips", "between_psnr", "return_psnr", "return_ssim", "return_lpips", "return_offset",
+             "return_psnr_offset_free", "gain_0.5", "gain_0.8", "gain_1", "remembers", "mean_psnr", "mean_return_psnr", "mean_return_ssim",
              "copy_between_psnr") + COVIS_COLS + ("covis_mass", "covis_chance")
 WALK_COLS = ("psnr", "ssim", "lpips", "mean_psnr") + COVIS_COLS
 PALINDROME_COLS = ("psnr", "ssim", "lpips", "revisit_psnr", "revisit_ssim", "revisit_lpips", "needle_ssim",
@@ -175,6 +177,7 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
       row["lpips"] = float(np.mean(lp.lpips(lpips_params, video[1:], gt[1:])))
     if family == "loops" and ret > 0:
       row["remembers"] = baselines.remembers(row)
+      row.update(baselines.return_colour(video, gt, ret))
       if lpips_params is not None:
         row["return_lpips"] = float(lp.lpips(lpips_params, video[ret], gt[0]))
       if gain_fn is not None and ret in layout.noisy_frames:

@@ -13,7 +13,9 @@ FFN (``ffn_in``, ``ffn_out``) of every block stack (``blocks`` or ``blocks_<star
 camera/pose path is never targeted: Plücker injection (``plucker_in``, ``plucker_out``), MRoPE's pose
 MLP and SE(3) residuals (``mrope_*``), WorldRoPE's ``depth_head``, LOCI's memory branch (``memory/*``,
 ``mem_gate``), and also embeddings (``patch_embedding``, ``condition_embedder``, ``text_embedder``),
-norms, biases, modulation tables (``scale_shift_table``) and the head (``proj_out``).
+norms, biases, modulation tables (``scale_shift_table``) and the head (``proj_out``). The named set
+``blocks_io`` (:data:`TARGET_SETS`, ``distill.targets``) adds the patch embedding, the time embedding and the
+head; the camera path stays out.
 
 Two ways to run an adapted model:
 
@@ -53,6 +55,20 @@ DEFAULT_EXCLUDE = (
     r"scale_shift_table",  # modulation tables
     r"(^|/)proj_out/",  # the head
 )
+# The backbone's input and output maps: the patch embedding, the time embedding (which sets every block's
+# modulation) and the head. A 1-step student must turn pure noise into a frame in one velocity, which means
+# cancelling its input through all of these (``targets="blocks_io"``).
+IO_INCLUDE = (
+    r"^patch_embedding/kernel$",
+    r"^condition_embedder/time_(embedder_[12]|proj)/kernel$",
+    r"^proj_out/kernel$",
+)
+IO_EXCLUDE = tuple(p for p in DEFAULT_EXCLUDE if p not in (r"embed", r"(^|/)proj_out/")) + (r"text",)
+# Named target sets (``distill.targets``): ``(include, exclude)``.
+TARGET_SETS = {
+    "blocks": (DEFAULT_INCLUDE, DEFAULT_EXCLUDE),
+    "blocks_io": (DEFAULT_INCLUDE + IO_INCLUDE, IO_EXCLUDE),
+}
 FACTORS = ("a", "b")
 ADAPTER_FIELD = "lora"  # the state field of an adapter checkpoint and the trained subtree of a LoRA state
 
@@ -85,6 +101,14 @@ class LoraSpec:
     object.__setattr__(self, "exclude", tuple(self.exclude))
     for pattern in self.include + self.exclude:
       re.compile(pattern)
+
+  @classmethod
+  def of(cls, targets, rank, alpha):
+    """The spec of a named target set (:data:`TARGET_SETS`)."""
+    if targets not in TARGET_SETS:
+      raise ValueError(f"targets={targets!r}: must be one of {', '.join(map(repr, TARGET_SETS))}")
+    include, exclude = TARGET_SETS[targets]
+    return cls(rank=rank, alpha=alpha, include=include, exclude=exclude)
 
   @property
   def scale(self):
