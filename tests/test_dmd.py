@@ -290,6 +290,18 @@ def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path, c
   assert "--adapter=" in capsys.readouterr().err
 
 
+def test_a_checkpoint_saved_before_a_distill_key_existed_resumes_with_its_default():
+  from jaxwm.distill.loop import _distill_differences  # pylint: disable=g-import-not-at-top
+  now = _config()
+  saved = {"distill": {k: v for k, v in now.distill.to_dict().items() if k != "targets"}}  # before `targets`
+  resolved = {}
+  assert _distill_differences(resolved)(saved, now) == ([], []) and resolved["teacher_step"] == -1
+  other = _config(**{"distill.targets": "blocks_io", "distill.lr_generator": 0.5})
+  refused, logged = _distill_differences({})(saved, other)
+  assert refused == [("distill.targets", "blocks", "blocks_io")]
+  assert logged == [("distill.lr_generator", now.distill.lr_generator, 0.5)]
+
+
 def test_fsdp_sharded_adapters_update_like_one_device(setup, tmp_path):
   """On an FSDP mesh the factors and their optimizer state are sharded like the kernels they adapt
   (``lora.factor_shardings``), and a critic then a generator update give the one-device result."""

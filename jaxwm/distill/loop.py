@@ -293,7 +293,10 @@ def _distill_differences(resolved):
   the other ``distill.*`` changes; fills ``resolved["teacher_step"]`` from the checkpoint's config."""
 
   def extra(saved, config):
-    flat_saved = resume.flat(saved.get("distill", {}), "distill.")
+    saved_block = dict(saved.get("distill", {}))
+    for f in dataclasses.fields(DistillConfig):  # a key added since the checkpoint was written: what absence meant
+      saved_block.setdefault(f.name, f.metadata.get("absent", f.default))
+    flat_saved = resume.flat(saved_block, "distill.")
     flat_now = resume.flat(config.distill.to_dict(), "distill.")
     rules = settings.resume_rules(DistillConfig)
     changed = [(k, flat_saved.get(k), flat_now.get(k)) for k in sorted(set(flat_saved) | set(flat_now))
