@@ -51,8 +51,8 @@ from jaxwm.utils.cli import run as run_cli
 COVIS_COLS = ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
               "mean_revealed_psnr", "covis_fraction", "covis_frames")
 LOOP_COLS = ("psnr", "ssim", "lpips", "between_psnr", "return_psnr", "return_ssim", "return_lpips", "return_offset",
-             "return_psnr_offset_free", "gain_0.5", "gain_0.8", "gain_1", "remembers", "mean_psnr", "mean_return_psnr", "mean_return_ssim",
-             "copy_between_psnr") + COVIS_COLS + ("covis_mass", "covis_chance")
+             "return_psnr_offset_free", "gain_0.5", "gain_0.8", "gain_1", "remembers", "mean_psnr",
+             "mean_return_psnr", "mean_return_ssim", "copy_between_psnr") + COVIS_COLS + ("covis_mass", "covis_chance")
 WALK_COLS = ("psnr", "ssim", "lpips", "mean_psnr") + COVIS_COLS
 PALINDROME_COLS = ("psnr", "ssim", "lpips", "revisit_psnr", "revisit_ssim", "revisit_lpips", "needle_ssim",
                    "needle_resident")
