@@ -195,6 +195,20 @@ def defaults(cls):
   return out
 
 
+def absent_filled(cls, saved):
+  """``saved`` (a dict of block ``cls`` as a checkpoint saved it) with every field it lacks set to what the field's
+  absence meant (its ``absent``, else its default; nested blocks likewise), values unchecked: the saved side of a
+  resume comparison, for keys added since the checkpoint was written."""
+  out = dict(saved)
+  for f in dataclasses.fields(cls):
+    v = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if dataclasses.is_dataclass(v):
+      out[f.name] = absent_filled(type(v), out.get(f.name) or {})
+    elif f.name not in out:
+      out[f.name] = f.metadata.get("absent", v)
+  return out
+
+
 def resume_rules(cls, prefix=None):
   """``{dotted key: resume rule}`` of every field of block ``cls`` (nested blocks flattened)."""
   prefix = cls.PREFIX if prefix is None else prefix

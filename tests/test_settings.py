@@ -113,6 +113,17 @@ def test_a_saved_config_without_a_newer_key_reads_as_it_meant():
   assert data_of({}).palindrome_prob == 0.0
 
 
+def test_absent_filled_agrees_with_the_legacy_parse_and_checks_nothing():
+  old = {"chunk_size": 2, "timestep_shift": 1.0}
+  assert settings.absent_filled(RecipeConfig, old) == RecipeConfig.from_dict(old, legacy=True).to_dict()
+  # The saved values are kept as they are, unchecked (a teacher directory may have moved since).
+  saved = {"teacher": "/no/such/dir", "rank": 8}
+  filled = settings.absent_filled(DistillConfig, saved)
+  assert filled["teacher"] == "/no/such/dir" and filled["rank"] == 8 and filled["targets"] == "blocks"
+  assert set(filled) == {f.name for f in dataclasses.fields(DistillConfig)} and saved == {"teacher": "/no/such/dir",
+                                                                                         "rank": 8}
+
+
 def test_a_new_recipe_key_is_one_field_line():
   """One line gives a key its default, check, resume rule and place in the defaults configs start from."""
 

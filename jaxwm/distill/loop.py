@@ -163,7 +163,7 @@ def settings_of(config):
 def spec_of(config):
   """The :class:`jaxwm.lora.LoraSpec` of ``G`` and ``F`` (``distill.targets``; never the camera path)."""
   d = config.distill
-  return lora.LoraSpec.of(d.get("targets", "blocks"), rank=int(d.rank), alpha=float(d.alpha))
+  return lora.LoraSpec.of(d.targets, rank=int(d.rank), alpha=float(d.alpha))
 
 
 class Distiller:
@@ -293,10 +293,7 @@ def _distill_differences(resolved):
   the other ``distill.*`` changes; fills ``resolved["teacher_step"]`` from the checkpoint's config."""
 
   def extra(saved, config):
-    saved_block = dict(saved.get("distill", {}))
-    for f in dataclasses.fields(DistillConfig):  # a key added since the checkpoint was written: what absence meant
-      saved_block.setdefault(f.name, f.metadata.get("absent", f.default))
-    flat_saved = resume.flat(saved_block, "distill.")
+    flat_saved = resume.flat(settings.absent_filled(DistillConfig, saved.get("distill", {})), "distill.")
     flat_now = resume.flat(config.distill.to_dict(), "distill.")
     rules = settings.resume_rules(DistillConfig)
     changed = [(k, flat_saved.get(k), flat_now.get(k)) for k in sorted(set(flat_saved) | set(flat_now))
