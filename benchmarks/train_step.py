@@ -74,6 +74,9 @@ def bench_jaxwm(config, steps):
 
 def _backbone_shapes(config):
   d = config.data
+  if d.batch_size < 1:
+    raise ValueError(f"data.batch_size={d.batch_size}: resolve it first (resolve_batch_size(config, 1), as main() "
+                     "does); 0 means per_device_batch_size per device")
   lat = d.image_size // d.latent_stride
   seq = 2 * d.num_frames - 1 - config.recipe.chunk_size  # clean + noisy frames of the layout
   return d.batch_size, seq, lat, 3 * d.latent_stride**2

@@ -11,10 +11,13 @@ The best 1-step student so far (RESULTS.md, 2026-12-04: 27.2 dB at the return fr
 The best 2-step student (28.6 dB; the teacher at 2 steps 25.8): the same with ``--config.distill.student_steps=2
 --config.distill.regression_weight=20 --config.distill.num_steps=25`` (with ``distill.exit=last``, the default since
 the random exit was found to hold 2-step students under the teacher); 4 steps: 29.0 dB the same way. Later
-iterations decline, so keep early adapters: ``--config.train.ckpt_every=25 --config.train.keep=20``.
+iterations decline, so keep early adapters: ``--config.train.ckpt_every=25 --config.train.keep=20``. DMD2's GAN term
+(``--config.distill.gan_weight``, off by default) reads whole training clips as its real samples; on the CPU teacher
+its head stayed at chance over 130 iterations (RESULTS.md, 2026-12-05).
 
 The config is the teacher's training config (``configs/<arg>.py``, default ``tiny``; ``<name>:<variant>`` for a
-variant; the model must be the teacher's) plus a ``distill`` block. The run reads only first frames and camera paths of the training clips.
+variant; the model must be the teacher's) plus a ``distill`` block. The run reads only first frames and camera paths
+of the training clips (whole clips with the GAN term).
 """
 
 import importlib

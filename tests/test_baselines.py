@@ -70,3 +70,35 @@ def test_labelled_video_has_labels_and_captions():
   band = out[:, :14]
   assert (band < 128).any()  # the labels are drawn
   assert not np.array_equal(out[0, -14:], out[2, -14:])  # per-frame captions differ
+
+
+def _return_grain():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "return_grain.py"
+  spec = importlib.util.spec_from_file_location("return_grain", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_return_grain_scores_separate_seed_noise_from_shared_error():
+  """benchmarks/return_grain.py's columns on closed forms: independent noise per seed (averaging S seeds gains
+  10 log10 S dB, the seeds' fine detail is uncorrelated), a shared error (averaging gains nothing, correlation 1),
+  and a pure brightness offset (no low- or high-pass error once the offset is removed)."""
+  g = _return_grain()
+  rng = np.random.default_rng(0)
+  yy, xx = np.mgrid[0:64, 0:64]
+  gt = np.stack([60 + xx, 80 + yy, 100 + 0.5 * (xx + yy)], -1).astype(np.float64)  # smooth: no high-pass part
+  noisy = gt + rng.normal(0, 10, (4,) + gt.shape)
+  s = g.scores(noisy, gt, 1.5)
+  np.testing.assert_allclose(s["psnr"], 10 * np.log10(255**2 / 100), atol=0.1)
+  np.testing.assert_allclose(s["psnr_seed_mean"] - s["psnr"], 10 * np.log10(4), atol=0.15)
+  assert abs(s["hf_corr_seeds"]) < 0.05 and abs(s["hf_corr_gt"]) < 0.05
+  shared = gt + rng.normal(0, 10, gt.shape)
+  s = g.scores(np.stack([shared] * 3), gt, 1.5)
+  np.testing.assert_allclose(s["psnr_seed_mean"], s["psnr"], rtol=1e-9)
+  np.testing.assert_allclose(s["hf_corr_seeds"], 1.0, rtol=1e-9)
+  s = g.scores(np.stack([gt + 20.0] * 2), gt, 1.5)
+  np.testing.assert_allclose(s["psnr"], 10 * np.log10(255**2 / 400), rtol=1e-9)
+  assert s["err_low"] < 1e-18 and s["err_high"] < 1e-18

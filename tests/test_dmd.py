@@ -15,7 +15,7 @@ from jaxwm import checkpoint as ckpt_lib
 from jaxwm import lora
 from jaxwm.lora import adapters
 from jaxwm.diffusion import flow
-from jaxwm.distill import dmd
+from jaxwm.distill import dmd, gan
 from jaxwm.models.conditioning import Cameras
 from jaxwm.models.init import init_params
 from jaxwm.sampling.streaming import StreamingSampler
@@ -277,6 +277,9 @@ def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path, c
   with pytest.raises(ResumeConfigError, match="distill.targets: 'blocks' \\(checkpoint\\) != 'blocks_io'"):
     run(_config(**{"distill.teacher": str(teacher), "distill.targets": "blocks_io", "distill.num_steps": 6}),
         tmp_path / "a", mesh=mesh, progress=False)
+  with pytest.raises(ResumeConfigError, match="distill.gan_weight: 0.0 \\(checkpoint\\) != 0.1"):
+    run(_config(**{"distill.teacher": str(teacher), "distill.gan_weight": 0.1, "distill.num_steps": 6}),
+        tmp_path / "a", mesh=mesh, progress=False)
   with pytest.raises(RunRefusedError, match="distill.teacher='': pass the teacher's training workdir"):
     run(_config(), tmp_path / "c", mesh=mesh, progress=False)
   assert not (tmp_path / "c").exists()
@@ -329,3 +332,121 @@ def test_fsdp_sharded_adapters_update_like_one_device(setup, tmp_path):
   # shows there: 4e-5 with the random exit, 1e-4 to 3e-4 with the default "last" (its gradient runs through the
   # whole chunk schedule). 2e-3 stays 10x under a flipped update.
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-3), results[0][0], results[1][0])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (e) DMD2's GAN term
+
+
+def test_gan_losses_and_head_closed_forms():
+  head = gan.init_head(jax.random.key(0), 8)
+  assert {k: v.shape for k, v in head.items()} == {"w1": (8, 8), "b1": (8,), "w2": (8, 1), "b2": (1,)}
+  zero = jnp.zeros((2, 5))
+  np.testing.assert_allclose(gan.critic_loss(zero, zero), 2 * np.log(2), rtol=1e-6)
+  np.testing.assert_allclose(gan.generator_loss(zero), np.log(2), rtol=1e-6)
+  np.testing.assert_allclose(gan.critic_loss(zero + 30, zero - 30), 0, atol=1e-12)  # certain and right
+  np.testing.assert_allclose(gan.generator_loss(zero - 30), 30, rtol=1e-6)
+  # The head's layer norm has no parameters: logits are invariant to a token's scale and offset.
+  h = jax.random.normal(jax.random.key(1), (2, 5, 8))
+  want = np.asarray(gan.logits(head, h))
+  np.testing.assert_allclose(gan.logits(head, 3 * h + 1), want, rtol=1e-4, atol=1e-5)
+  # float64 brute force of the two-layer head on one token.
+  x = np.asarray(h[1, 2], np.float64)
+  x = (x - x.mean()) / np.sqrt(x.var() + 1e-6)
+  pre = x @ np.asarray(head["w1"], np.float64) + np.asarray(head["b1"], np.float64)
+  z = (pre / (1 + np.exp(-pre))) @ np.asarray(head["w2"], np.float64)[:, 0] + float(head["b2"][0])
+  np.testing.assert_allclose(want[1, 2], z, rtol=1e-5)
+
+
+def test_critic_features_are_the_noisy_tokens_in_order(setup):
+  """``score_velocity(features=True)``: the same velocities, and ``[B, noisy tokens, D]`` hidden states ordered like
+  the noisy frames: changing only the last chunk's noisy input leaves the first chunk's features (chunk-causal)
+  and velocities as they were and changes the last chunk's."""
+  model, base, batch = setup["model"], setup["base"], setup["batch"]
+  layout = setup["dist"].layout
+  cams = Cameras(batch["c2w"], batch["intrinsics"])
+  video = jax.random.normal(jax.random.key(3), (B, F, 4, 4, 48))
+  t = jnp.full((B, F - 1), 0.5)
+  x_t = jax.random.normal(jax.random.key(4), (B, F - 1, 4, 4, 48))
+  fn = jax.jit(lambda x, feats: dmd.score_velocity(model, base, video, x, t, cams, layout, features=feats),
+               static_argnums=1)
+  v, h = fn(x_t, True)
+  n = (4 // model.cfg.patch_size[1]) * (4 // model.cfg.patch_size[2])  # tokens per 4x4 latent frame
+  assert h.shape == (B, (F - 1) * n, model.cfg.dim)
+  np.testing.assert_allclose(v, fn(x_t, False), rtol=1e-5, atol=1e-6)
+  v2, h2 = fn(x_t.at[:, CHUNK:].add(1.0), True)
+  np.testing.assert_allclose(h2[:, :CHUNK * n], h[:, :CHUNK * n], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(v2[:, :CHUNK], v[:, :CHUNK], rtol=1e-5, atol=1e-5)
+  assert np.abs(np.asarray(h2[:, CHUNK * n:] - h[:, CHUNK * n:])).max() > 1e-2
+
+
+@pytest.fixture(scope="module", name="gan_setup")
+def _gan_setup(setup, tmp_path_factory):
+  from jaxwm.distill.loop import Distiller  # pylint: disable=g-import-not-at-top
+  dist = Distiller(_config(**{"distill.gan_weight": 0.1, "distill.gan_critic_weight": 0.5}),
+                   tmp_path_factory.mktemp("gan"), mesh=_mesh())
+  rng = np.random.default_rng(0)
+  host = {k: np.asarray(v) for k, v in setup["batch"].items() if k != "frames"}
+  host["frames"] = rng.integers(0, 256, (B, F, 16, 16, 3)).astype(np.uint8)
+  host["frames"][:, :1] = np.asarray(setup["batch"]["frames"])
+  return dict(dist=dist, host=host, base=setup["base"])
+
+
+def test_gan_critic_step_trains_critic_and_head_on_whole_clips(gan_setup):
+  dist, host, base = gan_setup["dist"], gan_setup["host"], gan_setup["base"]
+  batch = dist.put_batch(host)
+  assert batch["frames"].shape[1] == F  # whole clips: the real samples
+  state = dist.init_state(base)
+  assert state.disc is not None and state.disc_opt is not None
+  before = jax.tree_util.tree_map(np.array, state)
+  s1, m = dist.critic_update(state, base, batch, jax.random.key(1))
+  for k in ("critic_loss", "disc_loss", "disc_real", "disc_fake", "disc_grad_norm"):
+    assert np.isfinite(float(m[k])), k
+  assert float(m["disc_grad_norm"]) > 0
+  assert all(np.any(np.asarray(a) != b) for a, b in zip(jax.tree_util.tree_leaves(s1.disc),
+                                                       jax.tree_util.tree_leaves(before.disc)))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.tree_util.tree_map(np.asarray, s1.generator),
+                         before.generator)
+  # The real samples are the clip's later frames: changing them moves the head's loss, not the flow-matching one.
+  other = {**host, "frames": host["frames"].copy()}
+  other["frames"][:, 1:] = 255 - other["frames"][:, 1:]
+  step = dist.step_fn
+  loss = jax.jit(lambda b: step.critic_loss(before.critic, before.generator, base, b, jax.random.key(1),
+                                            before.disc)[1])
+  a, b = loss(batch), loss(dist.put_batch(other))
+  np.testing.assert_allclose(a["critic_loss"], b["critic_loss"], rtol=1e-6)
+  assert abs(float(a["disc_loss"]) - float(b["disc_loss"])) > 1e-4
+
+
+def test_gan_generator_term_reaches_the_student(gan_setup):
+  dist, host, base = gan_setup["dist"], gan_setup["host"], gan_setup["base"]
+  batch, step = dist.put_batch(host), dist.step_fn
+  state, _ = dist.critic_update(dist.init_state(base), base, batch, jax.random.key(1))
+  kept = jax.tree_util.tree_map(np.array, (state.disc, state.critic))  # the update donates its input state
+  term = jax.jit(jax.grad(lambda g: step.generator_loss(g, state.critic, base, batch, jax.random.key(2),
+                                                        state.disc)[1]["gan_loss"]))
+  grads = term(state.generator)
+  assert float(optax_norm(grads)) > 0
+  s2, m = dist.generator_update(state, base, batch, jax.random.key(2))
+  assert np.isfinite(float(m["gan_loss"])) and float(m["gen_grad_norm"]) > 0 and "disc_loss" not in m
+  for a, b in zip(jax.tree_util.tree_leaves((s2.disc, s2.critic)), jax.tree_util.tree_leaves(kept)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def optax_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def test_gan_distillation_resumes_exactly(teacher, tmp_path):
+  """The head and its optimizer state are checkpointed: 3 iterations straight equal 2, then a resume to 3."""
+  from jaxwm.distill.loop import run  # pylint: disable=g-import-not-at-top
+  gan_on = {"distill.teacher": str(teacher), "distill.gan_weight": 0.1}
+  c3 = _config(**gan_on, **{"distill.num_steps": 3})
+  straight, hist_a = run(c3, tmp_path / "a", mesh=_mesh(), progress=False)
+  run(_config(**gan_on, **{"distill.num_steps": 2}), tmp_path / "b", mesh=_mesh(), progress=False)
+  resumed, hist_b = run(c3, tmp_path / "b", mesh=_mesh(), progress=False)
+  assert hist_b == hist_a[2:] and straight.disc is not None
+  for a, b in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(straight)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  m = _metrics(tmp_path / "a")
+  assert "gan_loss" in m[0] and "disc_real" in m[-1]

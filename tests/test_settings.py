@@ -180,6 +180,13 @@ def test_distillation_refuses_a_regression_to_a_guided_teacher(tmp_path):
   c.distill.regression_steps = 0
   with pytest.raises(DistillConfigError, match="distill.regression_steps=0: "):
     check_distill(c)
+  c.distill.regression_steps = 10
+  for key, bad in (("gan_weight", -0.1), ("gan_critic_weight", -1.0), ("lr_disc", 0.0)):
+    good, c.distill[key] = c.distill[key], bad
+    with pytest.raises(DistillConfigError, match=f"^distill.{key}={bad}: must be"):
+      check_distill(c)
+    c.distill[key] = good
+  check_distill(c)
 
 
 def test_a_resume_compares_what_saved_keys_meant():

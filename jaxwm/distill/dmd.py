@@ -66,6 +66,11 @@ with ``T`` Euler steps against the same cache (the student's history), and the g
 
     dmd_loss + lambda * mean((x0_G - stop_gradient(x0_T))^2)          (:func:`regression_loss`)
 
+GAN term (optional, ``gan_weight > 0``; DMD2 §4.3, :mod:`jaxwm.distill.gan`): a head on the critic's last hidden
+state tells the training clips (re-noised, each chunk against its real history) from the student's rollouts; the
+critic and head learn it, and the generator's loss adds ``gan_weight`` times the head's non-saturating loss on its
+own re-noised chunks. Real data, not only the teacher, then shapes the student.
+
 Updates alternate (DMD2's two time-scale rule): every ``critic_updates``-th iteration updates the
 generator, every iteration updates the critic (:class:`DistillStep`).
 
@@ -84,6 +89,7 @@ import optax
 
 from jaxwm import lora
 from jaxwm.diffusion import flow
+from jaxwm.distill import gan
 from jaxwm.models import vae
 from jaxwm.models.cache import KVCache
 from jaxwm.models.conditioning import Cameras
@@ -105,6 +111,8 @@ class DistillSettings:
     latent_stride: space-to-depth stride (batches of uint8 frames).
     regression_weight: ``lambda`` of the generator's ODE-regression term (:func:`regression_loss`); 0: pure DMD.
     regression_steps: ``T``, the teacher's Euler steps (schedule shift ``shift``) for the regression targets.
+    gan_weight: DMD2's GAN term in the generator's loss (:mod:`jaxwm.distill.gan`); 0: no discriminator.
+    gan_critic_weight: the discriminator's loss in the critic's (used when ``gan_weight > 0``).
   """
   student_steps: int = 4
   shift: float = 3.0
@@ -116,6 +124,13 @@ class DistillSettings:
   latent_stride: int = 4
   regression_weight: float = 0.0
   regression_steps: int = 10
+  gan_weight: float = 0.0
+  gan_critic_weight: float = 0.01
+
+  @property
+  def gan(self):
+    """Whether the GAN term (and its discriminator head) is on."""
+    return self.gan_weight > 0
 
   def __post_init__(self):
     if self.exit not in EXITS:
@@ -146,12 +161,15 @@ class DistillSettings:
 @flax.struct.dataclass
 class DistillState:
   """``step`` (int32 scalar: iterations done), ``generator`` (LoRA G factors), ``critic`` (LoRA F factors),
-  ``gen_opt`` / ``critic_opt``: their optimizer states."""
+  ``gen_opt`` / ``critic_opt``: their optimizer states; ``disc`` / ``disc_opt``: the GAN head
+  (:func:`jaxwm.distill.gan.init_head`) and its optimizer state, None without the GAN term."""
   step: jax.Array
   generator: Any
   critic: Any
   gen_opt: Any
   critic_opt: Any
+  disc: Any = None
+  disc_opt: Any = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -232,7 +250,7 @@ def chunk_groups(x, chunk_size):
 # Scoring a video in the teacher-forcing layout
 
 
-def score_velocity(model, params, video, x_t, t, cameras, layout, context=None, rng=None):
+def score_velocity(model, params, video, x_t, t, cameras, layout, context=None, rng=None, features=False):
   """Velocity of re-noised frames, each chunk against the clean frames before it (the training layout).
 
   Args:
@@ -244,9 +262,10 @@ def score_velocity(model, params, video, x_t, t, cameras, layout, context=None, 
     layout: the teacher-forcing :class:`jaxwm.training.layout.TeacherForcingLayout` of ``F`` frames.
     context: ``[B, Lt, D]`` text (``model.cross_attn``).
     rng: the ``frame_select`` stream (frame-sparse models).
+    features: also return the last hidden state of the noisy frames' tokens (:mod:`jaxwm.distill.gan`).
 
   Returns:
-    ``[B, F - 1, h, w, C]`` float32 velocities of the noisy frames.
+    ``[B, F - 1, h, w, C]`` float32 velocities of the noisy frames; with ``features`` also ``[B, L_noisy, D]``.
   """
   b = video.shape[0]
   n_clean = layout.num_clean
@@ -254,8 +273,13 @@ def score_velocity(model, params, video, x_t, t, cameras, layout, context=None, 
   ts = jnp.concatenate([jnp.zeros((b, n_clean)), t * flow.TIMESTEP_SCALE], axis=1)
   cams = None if cameras is None else cameras.frames(jnp.asarray(layout.frame_pos.astype(np.int32)))
   rngs = None if rng is None else {"frame_select": rng}
-  v, _ = model.apply({"params": params}, seq, ts, layout.frames(b, cams), context=context, rngs=rngs)
-  return v[:, n_clean:]
+  if not features:
+    v, _ = model.apply({"params": params}, seq, ts, layout.frames(b, cams), context=context, rngs=rngs)
+    return v[:, n_clean:]
+  (v, _), cols = model.apply({"params": params}, seq, ts, layout.frames(b, cams), context=context, rngs=rngs,
+                             mutable=[gan.FEATURES])
+  hidden = cols[gan.FEATURES]["hidden"][0]
+  return v[:, n_clean:], hidden[:, hidden.shape[1] * n_clean // seq.shape[1]:]
 
 
 def teacher_velocity(model, params, video, x_t, t, cameras, layout, context=None, null_context=None, guidance=1.0,
@@ -386,13 +410,16 @@ def make_optimizer(lr, b1=0.0, b2=0.999, eps=1e-8, grad_clip=0.0):
                      optax.adam(lr, b1=b1, b2=b2, eps=eps))
 
 
-def init_state(key, base, spec, tx_gen, tx_critic):
+def init_state(key, base, spec, tx_gen, tx_critic, disc_dim=None, tx_disc=None):
   """A fresh :class:`DistillState`: ``G`` and ``F`` from :func:`jaxwm.lora.init_lora` (``B = 0``: the student and
-  the critic start as the teacher, bit for bit), their optimizer states, step 0."""
+  the critic start as the teacher, bit for bit), their optimizer states, step 0; with ``disc_dim`` (the model's
+  width) also the GAN head and its optimizer state (``tx_disc``'s; default ``tx_critic``'s)."""
   g = lora.init_lora(jax.random.fold_in(key, 1), base, spec)
   f = lora.init_lora(jax.random.fold_in(key, 2), base, spec)
+  disc = None if disc_dim is None else gan.init_head(jax.random.fold_in(key, 3), disc_dim)
   return DistillState(step=jnp.zeros((), jnp.int32), generator=g, critic=f, gen_opt=tx_gen.init(g),
-                      critic_opt=tx_critic.init(f))
+                      critic_opt=tx_critic.init(f), disc=disc,
+                      disc_opt=None if disc is None else (tx_disc or tx_critic).init(disc))
 
 
 class DistillStep:
@@ -410,18 +437,22 @@ class DistillStep:
     settings: :class:`DistillSettings`.
     tx_gen, tx_critic: optax transformations of ``G``'s and ``F``'s factor trees.
     null_context: ``[Lt, D]`` the empty prompt's embedding (teacher guidance != 1).
+    tx_disc: the GAN head's optax transformation (default ``tx_critic``).
 
-  ``batch``: ``frames`` uint8 ``[B, >=1, H, W, 3]`` or ``latents`` ``[B, >=1, h, w, C]`` (only frame 0 is used),
+  ``batch``: ``frames`` uint8 ``[B, >=1, H, W, 3]`` or ``latents`` ``[B, >=1, h, w, C]`` (only frame 0 is used, but
+  for the GAN term's real samples, whole clips),
   ``c2w [B, F, 4, 4]``, ``intrinsics [B, F, 3, 3]``; with ``model.cross_attn`` ``text_emb [B, Lt, D]``.
   Keys: ``fold_in(key, state.step)``, then 0 (generator) and 1 (critic).
 
   Metrics: ``critic_loss``, ``critic_grad_norm``, ``critic_norm``; with ``train_generator`` also ``dmd_loss``,
   ``gen_grad_norm``, ``gen_norm``, ``score_gap`` (``mean |v_fake - v_real|``), ``dmd_norm`` (the mean
-  normaliser ``mean |x0 - x0_real|``) and, with ``settings.regression_weight``, ``regression_loss``. Norms of
-  ``G`` / ``F`` are of their ``b`` factors (zero at init).
+  normaliser ``mean |x0 - x0_real|``) and, with ``settings.regression_weight``, ``regression_loss``; with the GAN
+  term (``settings.gan``; ``batch`` then holds whole clips) ``gan_loss``, ``disc_loss``, ``disc_real``,
+  ``disc_fake``, ``disc_grad_norm``. ``critic_loss`` is the flow-matching term alone. Norms of ``G`` / ``F`` are of
+  their ``b`` factors (zero at init).
   """
 
-  def __init__(self, model, layout, spec, settings, tx_gen, tx_critic, null_context=None):
+  def __init__(self, model, layout, spec, settings, tx_gen, tx_critic, null_context=None, tx_disc=None):
     if settings.guidance != 1.0 and not model.cfg.cross_attn:
       raise ValueError(f"distill.guidance={settings.guidance}: classifier-free guidance needs a text-conditioned "
                        "model (model.cross_attn); a camera-only model has no condition to drop (use 1)")
@@ -429,6 +460,7 @@ class DistillStep:
       raise ValueError("distill.guidance != 1 needs the empty prompt's embedding (null_context)")
     self.model, self.layout, self.spec, self.settings = model, layout, spec, settings
     self.tx_gen, self.tx_critic, self.null_context = tx_gen, tx_critic, null_context
+    self.tx_disc = tx_disc or tx_critic
     self.num_frames = len(layout.chunk) - layout.num_clean + 1
     self.chunk_size = int(np.sum(layout.chunk[layout.num_clean:] == 1))
     self.n_chunks = (self.num_frames - 1) // self.chunk_size
@@ -450,6 +482,14 @@ class DistillStep:
     return student_rollout(self.model, params, first, cams, k_noise, s.schedule, self.chunk_size, self.num_frames,
                            context, exits, teacher, None if teacher is None else s.regression_schedule)
 
+  def real_video(self, batch):
+    """``[B, F, h, w, C]`` latents of the training clip itself (the GAN term's real samples)."""
+    x = batch["latents"] if "latents" in batch else batch["frames"]
+    if x.shape[1] < self.num_frames:
+      raise ValueError(f"the GAN term reads whole clips: batch has {x.shape[1]} frames, the layout {self.num_frames}")
+    x = x[:, :self.num_frames]
+    return x.astype(jnp.float32) if "latents" in batch else vae.encode(x, self.settings.latent_stride)
+
   def _renoise(self, video, key):
     """``(t [B, F-1], eps, x_t)``: one time per chunk of the generated frames, shared by its frames."""
     s = self.settings
@@ -460,10 +500,10 @@ class DistillStep:
     eps = jax.random.normal(k_eps, x0.shape, x0.dtype)
     return t, eps, flow.noise(x0, eps, t)
 
-  def generator_loss(self, g, f, base, batch, key):
-    """``(dmd_loss + regression_weight * regression_loss, aux)`` of the student ``base + G`` (differentiable in
-    ``g`` through one step per chunk); ``aux``: ``dmd_loss``, ``score_gap``, ``dmd_norm`` and, with a regression
-    term, ``regression_loss``."""
+  def generator_loss(self, g, f, base, batch, key, disc=None):
+    """``(dmd_loss + regression_weight * regression_loss + gan_weight * gan_loss, aux)`` of the student ``base + G``
+    (differentiable in ``g`` through one step per chunk); ``aux``: ``dmd_loss``, ``score_gap``, ``dmd_norm`` and,
+    with a regression term, ``regression_loss``; with the GAN term (head ``disc``) ``gan_loss``."""
     sg = jax.lax.stop_gradient
     k_roll, k_t, k_sel = jax.random.split(key, 3)
     frozen = sg(base)
@@ -472,12 +512,17 @@ class DistillStep:
     if lam:
       video, targets = video
     clean = sg(video)
-    t, _, x_t = self._renoise(clean, k_t)
+    t, eps, x_t = self._renoise(clean, k_t)
     _, cams, context = self._inputs(batch)
     v_real = teacher_velocity(self.model, frozen, clean, x_t, t, cams, self.layout, context, self.null_context,
                               self.settings.guidance, k_sel)
-    v_fake = score_velocity(self.model, lora.apply_lora(frozen, sg(f), self.spec), clean, x_t, t, cams, self.layout,
-                            context, k_sel)
+    fake = lora.apply_lora(frozen, sg(f), self.spec)
+    if self.settings.gan:  # the same x_t, differentiable in G; F's forward also gives the head its features
+      v_fake, feats = score_velocity(self.model, fake, clean, flow.noise(video[:, 1:], eps, t), t, cams, self.layout,
+                                     context, k_sel, features=True)
+      v_fake = sg(v_fake)
+    else:
+      v_fake = score_velocity(self.model, fake, clean, x_t, t, cams, self.layout, context, k_sel)
     grouped = lambda a: chunk_groups(a, self.chunk_size)  # pylint: disable=unnecessary-lambda-assignment
     grad, norm = distribution_matching_grad(grouped(clean[:, 1:]), grouped(x_t), grouped(v_real), grouped(v_fake),
                                             grouped(t), axes=(2, 3, 4, 5))
@@ -486,24 +531,44 @@ class DistillStep:
     if lam:
       aux["regression_loss"] = reg = regression_loss(video[:, 1:], targets)
       loss = loss + lam * reg
+    if self.settings.gan:
+      aux["gan_loss"] = lg = gan.generator_loss(gan.logits(sg(disc), feats))
+      loss = loss + self.settings.gan_weight * lg
     return loss, aux
 
-  def critic_loss(self, f, g, base, batch, key):
-    """The flow-matching loss of the critic ``base + F`` on a fresh (stop-gradient) student rollout."""
+  def critic_loss(self, f, g, base, batch, key, disc=None):
+    """``(loss, aux)``: the flow-matching loss of the critic ``base + F`` on a fresh (stop-gradient) student rollout
+    (``aux["critic_loss"]``); with the GAN term plus ``gan_critic_weight`` times the head's loss on the training
+    clip (real) against that rollout (fake): ``aux`` adds ``disc_loss`` and the mean probabilities ``disc_real``,
+    ``disc_fake``."""
     sg = jax.lax.stop_gradient
     k_roll, k_t, k_sel = jax.random.split(key, 3)
     frozen = sg(base)
     video = sg(self.rollout(lora.apply_lora(frozen, sg(g), self.spec), batch, k_roll))
     t, eps, x_t = self._renoise(video, k_t)
     _, cams, context = self._inputs(batch)
-    v = score_velocity(self.model, lora.apply_lora(frozen, f, self.spec), video, x_t, t, cams, self.layout, context,
-                       k_sel)
-    return flow_matching_loss(v, video[:, 1:], eps)
+    critic = lora.apply_lora(frozen, f, self.spec)
+    on = self.settings.gan
+    v = score_velocity(self.model, critic, video, x_t, t, cams, self.layout, context, k_sel, features=on)
+    if on:
+      v, fake_feats = v
+    fm = flow_matching_loss(v, video[:, 1:], eps)
+    aux = {"critic_loss": fm}
+    if not on:
+      return fm, aux
+    real = self.real_video(batch)
+    t_r, _, x_r = self._renoise(real, jax.random.fold_in(key, 7))
+    _, real_feats = score_velocity(self.model, critic, real, x_r, t_r, cams, self.layout, context, k_sel,
+                                   features=True)
+    real_logits, fake_logits = gan.logits(disc, real_feats), gan.logits(disc, fake_feats)
+    aux.update(disc_loss=gan.critic_loss(real_logits, fake_logits),
+               disc_real=jnp.mean(jax.nn.sigmoid(real_logits)), disc_fake=jnp.mean(jax.nn.sigmoid(fake_logits)))
+    return fm + self.settings.gan_critic_weight * aux["disc_loss"], aux
 
   def generator_update(self, state, base, batch, key):
     """One optimizer step of ``G`` (``F``, its optimizer state and ``step`` unchanged); ``key`` is used as is."""
     (loss, aux), grads = jax.value_and_grad(self.generator_loss, has_aux=True)(state.generator, state.critic, base,
-                                                                               batch, key)
+                                                                               batch, key, state.disc)
     updates, opt = self.tx_gen.update(grads, state.gen_opt, state.generator)
     g = optax.apply_updates(state.generator, updates)
     del loss  # aux holds its terms
@@ -512,11 +577,17 @@ class DistillStep:
 
   def critic_update(self, state, base, batch, key):
     """One optimizer step of ``F`` (``G``, its optimizer state and ``step`` unchanged); ``key`` is used as is."""
-    loss, grads = jax.value_and_grad(self.critic_loss)(state.critic, state.generator, base, batch, key)
+    (_, aux), (grads, disc_grads) = jax.value_and_grad(self.critic_loss, argnums=(0, 5), has_aux=True)(
+        state.critic, state.generator, base, batch, key, state.disc)
     updates, opt = self.tx_critic.update(grads, state.critic_opt, state.critic)
     f = optax.apply_updates(state.critic, updates)
-    metrics = {"critic_loss": loss, "critic_grad_norm": optax.tree.norm(grads), "critic_norm": _b_norm(f)}
-    return state.replace(critic=f, critic_opt=opt), metrics
+    metrics = {**aux, "critic_grad_norm": optax.tree.norm(grads), "critic_norm": _b_norm(f)}
+    if state.disc is None:
+      return state.replace(critic=f, critic_opt=opt), metrics
+    updates, disc_opt = self.tx_disc.update(disc_grads, state.disc_opt, state.disc)
+    metrics["disc_grad_norm"] = optax.tree.norm(disc_grads)
+    return state.replace(critic=f, critic_opt=opt, disc=optax.apply_updates(state.disc, updates),
+                         disc_opt=disc_opt), metrics
 
   def __call__(self, state, base, batch, key, train_generator):
     key = jax.random.fold_in(key, state.step)

@@ -16,7 +16,8 @@ At every checkpoint the student adapter is also saved on its own, ``<workdir>/ad
 ``sample.py --adapter <workdir>/adapter``.
 
 Inputs are only first frames and camera trajectories (and text embeddings for text models) of the training
-clips (:func:`jaxwm.training.data.make_loader`); no video target is used.
+clips (:func:`jaxwm.training.data.make_loader`); no video target is used, except as the real samples of DMD2's
+GAN term when ``distill.gan_weight > 0``.
 
 Iteration ``s`` (from 0) updates the generator when ``s % distill.critic_updates == 0`` and the critic always
 (:class:`Distiller`). ``metrics.jsonl`` / TensorBoard, every ``train.log_every`` iterations: the critic's
@@ -101,6 +102,11 @@ class DistillConfig(Block):
     regression_weight: ``lambda`` of the ODE-regression term of the generator's loss (0: pure DMD;
       :func:`jaxwm.distill.dmd.regression_loss`); its targets are the teacher's ``regression_steps``-step samples
       from the same noise and history (guidance 1 only).
+    gan_weight: DMD2's GAN term in the generator's loss (:mod:`jaxwm.distill.gan`: a head on the critic's features
+      tells the training clips from the student's rollouts); 0 (default): off. It shapes the state, so a resume
+      keeps it.
+    gan_critic_weight: the head's loss in the critic's (DMD2: 1e-2).
+    lr_disc: Adam's learning rate of the head, which starts from scratch (the critic's factors keep ``lr_critic``).
   """
   PREFIX = "distill"
   teacher: str = setting("", _teacher)
@@ -127,6 +133,9 @@ class DistillConfig(Block):
   num_steps: int = setting(600, Int(lo=1))
   regression_weight: float = setting(0.0, Float(ge=0))
   regression_steps: int = setting(10, Int(lo=1))
+  gan_weight: float = setting(0.0, Float(ge=0), resume="refused")
+  gan_critic_weight: float = setting(0.01, Float(ge=0))
+  lr_disc: float = setting(1e-3, Float(gt=0))
 
   def check(self, prefix):
     if not self.t_min < self.t_max:
@@ -157,7 +166,8 @@ def settings_of(config):
                              t_min=float(d.t_min), t_max=float(d.t_max), timestep_shift=float(d.timestep_shift),
                              exit=d.exit, latent_stride=int(config.data.latent_stride),
                              regression_weight=float(d.regression_weight),
-                             regression_steps=int(d.regression_steps))
+                             regression_steps=int(d.regression_steps), gan_weight=float(d.gan_weight),
+                             gan_critic_weight=float(d.gan_critic_weight))
 
 
 def spec_of(config):
@@ -184,10 +194,15 @@ class Distiller:
     d = config.distill
     self.tx_gen = dmd.make_optimizer(d.lr_generator, d.b1, d.b2, grad_clip=d.grad_clip)
     self.tx_critic = dmd.make_optimizer(d.lr_critic, d.b1, d.b2, grad_clip=d.grad_clip)
+    self.tx_disc = dmd.make_optimizer(d.lr_disc, d.b1, d.b2, grad_clip=d.grad_clip)
     self.abstract_base = tr.abstract_state.params
     self.base_shardings = tr.state_shardings.params
     self.base_target = ckpt_lib.abstract_with_shardings(self.abstract_base, self.base_shardings)
-    init = lambda key, base: dmd.init_state(key, base, self.spec, self.tx_gen, self.tx_critic)  # pylint: disable=unnecessary-lambda-assignment
+    disc_dim = self.model.cfg.dim if self.settings.gan else None
+
+    def init(key, base):
+      return dmd.init_state(key, base, self.spec, self.tx_gen, self.tx_critic, disc_dim, self.tx_disc)
+
     self.abstract_state = jax.eval_shape(init, jax.random.key(0), self.abstract_base)
     # G, F and their optimizer states sharded like the kernels they adapt (FSDP), counters replicated.
     self.state_shardings = lora.factor_shardings(self.abstract_state, self.base_shardings,
@@ -197,11 +212,11 @@ class Distiller:
     if self.model.cfg.cross_attn and self.settings.guidance != 1.0:
       null_context = jnp.asarray(data_lib.make_source(config.data).null_text(), jnp.float32)
     self.step_fn = dmd.DistillStep(self.model, self.layout, self.spec, self.settings, self.tx_gen, self.tx_critic,
-                                   null_context)
+                                   null_context, self.tx_disc)
     batch_sh = tr.batch_shardings
     key = (self.model.cfg, int(config.data.num_frames), int(config.recipe.chunk_size), self.spec, self.settings,
-           tuple(float(d[k]) for k in ("lr_generator", "lr_critic", "b1", "b2", "grad_clip")), self.mesh,
-           tr.rules,
+           tuple(float(d[k]) for k in ("lr_generator", "lr_critic", "lr_disc", "b1", "b2", "grad_clip")),
+           self.mesh, tr.rules,
            tuple(sorted((k, v.spec) for k, v in batch_sh.items())))
     if null_context is not None:  # the empty prompt's embedding is a constant of the program
       key += (id(null_context),)
@@ -244,8 +259,10 @@ class Distiller:
       return self._init(jax.random.key(self.config.seed), base)
 
   def put_batch(self, host):
-    """A loader batch -> device arrays: the first frame of ``frames``/``latents`` (the rest is not used), cameras,
-    text embeddings."""
+    """A loader batch -> device arrays: the first frame of ``frames``/``latents`` (the whole clip with the GAN term,
+    whose real samples it is), cameras, text embeddings."""
+    if self.settings.gan:
+      return self.trainer.put_batch(host)
     key = "latents" if "latents" in host else "frames"
     return self.trainer.put_batch({**host, key: np.asarray(host[key])[:, :1]})
 
@@ -335,7 +352,9 @@ class DistillTask(Task):
     say(f"distilling: {n_lora / 1e6:.3f}M LoRA values per adapter (rank {d.rank}); {d.student_steps} student steps "
         f"(exit {d.exit}); guidance {d.guidance}; {d.critic_updates} critic updates per generator update; "
         + (f"ODE regression x{d.regression_weight} to the teacher at {d.regression_steps} steps; "
-           if d.regression_weight else "") + "mesh "
+           if d.regression_weight else "")
+        + (f"GAN term x{d.gan_weight} (critic x{d.gan_critic_weight}, head lr {d.lr_disc}); " if d.gan_weight else "")
+        + "mesh "
         f"{dict(dist.mesh.shape)}; workdir {self.workdir}")
 
   def checkpointer(self):
@@ -380,10 +399,11 @@ class DistillTask(Task):
 
   def summarise(self, window, rate):
     m = window[-1]
-    scalars = {k: m[k] for k in ("critic_loss", "critic_grad_norm", "critic_norm")}
+    scalars = {k: m[k] for k in ("critic_loss", "critic_grad_norm", "critic_norm", "disc_loss", "disc_real",
+                                 "disc_fake", "disc_grad_norm") if k in m}
     gens = [w for w in window if "dmd_loss" in w]
     if gens:  # the generator updates since the last line (means)
-      for k in ("dmd_loss", "gen_grad_norm", "score_gap", "dmd_norm", "regression_loss"):
+      for k in ("dmd_loss", "gen_grad_norm", "score_gap", "dmd_norm", "regression_loss", "gan_loss"):
         if k in gens[0]:
           scalars[k] = float(np.mean([w[k] for w in gens]))
       scalars["gen_norm"] = gens[-1]["gen_norm"]
@@ -396,6 +416,8 @@ class DistillTask(Task):
       out.update(dmd=f"{scalars['dmd_loss']:.2e}", gap=f"{scalars['score_gap']:.3f}")
       if "regression_loss" in scalars:
         out["reg"] = f"{scalars['regression_loss']:.4f}"
+    if "disc_real" in scalars:  # the head's mean probability of "real" on real / student clips
+      out["D"] = f"{scalars['disc_real']:.2f}/{scalars['disc_fake']:.2f}"
     return out
 
   def on_save(self, ckpt, done, state, data_iter):

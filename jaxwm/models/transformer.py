@@ -149,7 +149,8 @@ class WanModel(nn.Module):
   Returns:
     ``(velocity [B, S, h, w, C_out] float32, Entries)``: this call's own cache entries
     (:class:`jaxwm.models.cache.Entries`: raw keys per softmax layer, LOCI's state after this
-    call's writers per hybrid layer, frame-sparse selections).
+    call's writers per hybrid layer, frame-sparse selections). With the ``features`` collection mutable, the
+    tokens after the blocks ``[B, S' * n, D]`` are sown as ``features/hidden`` (DMD2's GAN head reads them).
   """
   cfg: ModelConfig
 
@@ -247,6 +248,8 @@ class WanModel(nn.Module):
         if val is not None:
           outs[name].append(val)
 
+    if self.is_mutable_collection("features") and not self.is_initializing():  # DMD2 GAN head's input (distill.gan)
+      self.sow("features", "hidden", x)
     table = self.param("scale_shift_table", nn.with_logical_partitioning(_table_init, (None, "modulation", "embed")),
                        (1, 2, cfg.dim))
     shift, scale = (a[:, :, 0, None] for a in jnp.split(table[None] + temb[:, :, None], 2, axis=2))
