@@ -22,11 +22,13 @@ them is treated like a checksum mismatch. Orbax's temporary directories of a sav
 
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import pathlib
+import re
 import shutil
 import sys
 
@@ -166,6 +168,13 @@ def step_dirs(directory):
 def _first_line(e):
   lines = [x.strip() for x in str(e).splitlines() if x.strip()]
   return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _empty_fields(state):
+  """Names of a dataclass state's fields that hold no arrays ({} or None): those an older checkpoint may lack."""
+  if not dataclasses.is_dataclass(state):
+    return []
+  return [f.name for f in dataclasses.fields(state) if not jax.tree_util.tree_leaves(getattr(state, f.name))]
 
 
 class Checkpointer:
@@ -333,13 +342,17 @@ class Checkpointer:
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except ValueError as e:
-      # Checkpoints written before TrainState.routing existed: restore the other fields, routing stays {}.
-      if "routing" not in str(e) or getattr(abstract_state, "routing", None) != {}:
+      # Checkpoints written before an optional state field existed (TrainState.routing, DistillState.disc and
+      # disc_opt): when the mismatch names a field that is empty in this state ({} or None), restore the
+      # others; the empty fields keep their value.
+      empty = _empty_fields(abstract_state)
+      if not any(re.search(rf"\b{name}\b", str(e)) for name in empty):
         raise
-      legacy = {k: getattr(abstract_state, k) for k in ("step", "params", "opt_state", "ema")}
+      legacy = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state)
+                if f.name not in empty}
       items["state"] = ocp.args.StandardRestore(legacy)
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-      logging.info("restored a checkpoint without head-routing state (written before it existed)")
+      logging.info("restored a checkpoint written before the state's fields %s existed", sorted(empty))
       return abstract_state.replace(**restored["state"])
     return restored["state"]
 

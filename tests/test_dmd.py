@@ -450,3 +450,17 @@ def test_gan_distillation_resumes_exactly(teacher, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   m = _metrics(tmp_path / "a")
   assert "gan_loss" in m[0] and "disc_real" in m[-1]
+
+
+def test_a_distillation_checkpoint_from_before_the_gan_head_restores(setup, tmp_path):
+  """A state saved before ``DistillState.disc`` / ``disc_opt`` existed (the old layout: no such keys) restores
+  into today's state without the GAN term, every array equal; a state with the head restores its head."""
+  dist, base = setup["dist"], setup["base"]
+  state = jax.tree_util.tree_map(np.asarray, dist.init_state(base))
+  ck = ckpt_lib.Checkpointer(tmp_path / "old", async_save=False)
+  ck.save(1, {k: getattr(state, k) for k in ("step", "generator", "critic", "gen_opt", "critic_opt")})
+  restored, step = ck.restore(dist.restore_target())
+  ck.close()
+  assert step == 1 and restored.disc is None and restored.disc_opt is None
+  for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(state)):
+    np.testing.assert_array_equal(np.asarray(a), b)
