@@ -396,12 +396,20 @@ def student_rollout(model, params, first, cameras, key, schedule, chunk_size, nu
 # Steps
 
 
+def clip_latents(batch, latent_stride, frames=1):
+  """``[B, frames, h, w, C]`` latents of the clip's first ``frames`` frames: ``batch["latents"]`` (ingested
+  records) or the space-to-depth encoding of ``batch["frames"]`` (uint8). Frame 0 conditions the student; whole
+  clips are the GAN term's real samples."""
+  x = batch["latents"] if "latents" in batch else batch["frames"]
+  if x.shape[1] < frames:
+    raise ValueError(f"the batch has {x.shape[1]} frames; {frames} are read (the GAN term reads whole clips)")
+  x = x[:, :frames]
+  return x.astype(jnp.float32) if "latents" in batch else vae.encode(x, latent_stride)
+
+
 def first_latents(batch, latent_stride):
-  """``[B, 1, h, w, C]`` latents of the conditioning frame: ``batch["latents"][:, :1]`` (ingested records) or the
-  space-to-depth encoding of ``batch["frames"][:, :1]`` (uint8)."""
-  if "latents" in batch:
-    return batch["latents"][:, :1].astype(jnp.float32)
-  return vae.encode(batch["frames"][:, :1], latent_stride)
+  """``[B, 1, h, w, C]`` latents of the conditioning frame (:func:`clip_latents`)."""
+  return clip_latents(batch, latent_stride)
 
 
 def make_optimizer(lr, b1=0.0, b2=0.999, eps=1e-8, grad_clip=0.0):
@@ -484,11 +492,7 @@ class DistillStep:
 
   def real_video(self, batch):
     """``[B, F, h, w, C]`` latents of the training clip itself (the GAN term's real samples)."""
-    x = batch["latents"] if "latents" in batch else batch["frames"]
-    if x.shape[1] < self.num_frames:
-      raise ValueError(f"the GAN term reads whole clips: batch has {x.shape[1]} frames, the layout {self.num_frames}")
-    x = x[:, :self.num_frames]
-    return x.astype(jnp.float32) if "latents" in batch else vae.encode(x, self.settings.latent_stride)
+    return clip_latents(batch, self.settings.latent_stride, self.num_frames)
 
   def _renoise(self, video, key):
     """``(t [B, F-1], eps, x_t)``: one time per chunk of the generated frames, shared by its frames."""
