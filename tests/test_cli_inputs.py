@@ -269,6 +269,8 @@ SAMPLE_BAD = [
     ("--steps -2", ["--steps=-2"]),
     ("--shift 0", ["--shift=0"]),
     ("--shift nan", ["--shift=nan"]),
+    ("--noise-scale 0", ["--noise-scale=0"]),
+    ("--noise-scale -1", ["--noise-scale=-1"]),
     ("--clip -1", ["--clip=-1"]),
     ("--window 0 --memory window", ["--window=0"]),
     ("--window 4", ["--window=4", "--memory window only"]),
@@ -345,6 +347,7 @@ LOOP_BAD = [
     ("--seed -3", ["--seed=-3"]),
     ("--shift 0", ["--shift=0.0", "> 0"]),
     ("--shift nan", ["--shift=nan", "finite"]),
+    ("--noise-scale 0", ["--noise-scale=0.0", "> 0"]),
     ("--top-k a", ["--top-k='a'"]),
     ("--top-k 0", ["--top-k=0"]),
     ("--memory full,cache", ["--memory='cache'"]),
@@ -376,8 +379,8 @@ def test_loop_closure_refuses_bad_inputs(tiny_checkpoint, scratch, capsys):
 
 def test_loop_closure_default_output_and_sampling_flags(tiny_checkpoint, tmp_path, capsys, monkeypatch):
   """Not into the repository's tracked results/: ``<workdir>/loop_closure/<family>_step<k>_<n>``, a new n per run.
-  ``--steps`` / ``--shift`` override the checkpoint's ``config.sample``: the sampler's time grid is the closed form
-  ``s t / (1 + (s - 1) t)`` on ``t = 1, 1/2, 0``, and both are recorded."""
+  ``--steps`` / ``--shift`` / ``--noise-scale`` override the checkpoint's ``config.sample``: the sampler's time grid
+  is the closed form ``s t / (1 + (s - 1) t)`` on ``t = 1, 1/2, 0``, and all three are recorded."""
   from jaxwm.evaluation import loop_closure  # pylint: disable=g-import-not-at-top
   from jaxwm.sampling import clips as clips_lib  # pylint: disable=g-import-not-at-top
   src, _, _ = tiny_checkpoint
@@ -385,23 +388,25 @@ def test_loop_closure_default_output_and_sampling_flags(tiny_checkpoint, tmp_pat
   shutil.copytree(src / "checkpoints", workdir / "checkpoints")
   seen, make = [], clips_lib.make_sampler
 
-  def spy(model, variables, config, num_frames, num_steps=None, shift=None):
-    sampler = make(model, variables, config, num_frames, num_steps, shift)
-    seen.append((np.asarray(sampler.schedule), config.sample.shift))
+  def spy(model, variables, config, num_frames, num_steps=None, shift=None, noise_scale=None):
+    sampler = make(model, variables, config, num_frames, num_steps, shift, noise_scale)
+    seen.append((np.asarray(sampler.schedule), config.sample.shift, sampler.noise_scale))
     return sampler
 
   monkeypatch.setattr(clips_lib, "make_sampler", spy)
-  for n, flags in enumerate([["--shift", "6.5"], []]):
+  for n, flags in enumerate([["--shift", "6.5", "--noise-scale", "0.5"], []]):
     assert loop_closure.main(["--checkpoint", str(workdir / "checkpoints"), "--clips", "1", "--steps", "2",
                               "--frames", "3", *flags]) == 0
     out = workdir / "loop_closure" / f"loops_step2_{n}"
     assert f"writing to {out}.json/.md" in capsys.readouterr().out
     saved = json.loads(out.with_suffix(".json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
-    schedule, own = seen[-1]
+    schedule, own, scale = seen[-1]
     s = 6.5 if flags else own
     np.testing.assert_allclose(schedule, [1.0, 0.5 * s / (1 + 0.5 * (s - 1)), 0.0], rtol=1e-6, atol=1e-7)
-    assert saved["sampling"] == {"num_steps": 2, "shift": s}
-    assert f"2 Euler steps per chunk, schedule shift {s:g}." in out.with_suffix(".md").read_text()
+    assert scale == (0.5 if flags else 1.0)
+    assert saved["sampling"] == {"num_steps": 2, "shift": s, "noise_scale": scale}
+    said = f"2 Euler steps per chunk, schedule shift {s:g}" + (", noise scale 0.5." if flags else ".")
+    assert said in out.with_suffix(".md").read_text()
   assert own != 6.5  # the checkpoint's own shift differs from the flag's
 
 

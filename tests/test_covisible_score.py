@@ -59,6 +59,32 @@ def test_turned_away_has_no_score():
   assert s["covis_frames"] == 0 and s["covis_psnr"] is None
 
 
+def test_revealed_contrast_against_its_closed_forms():
+  """The model's variation on the revealed pixels over the ground truth's: 1 for the ground truth itself or any
+  image as varied, 0 for a flat fill, k for a contrast scaled by k about any colour; None without pixels."""
+  rng = np.random.default_rng(1)
+  gt = rng.uniform(0, 255, (2, 16, 16, 3))
+  rev = np.zeros((2, 16, 16), bool)
+  rev[1, :, 5:] = True
+  m = gt[1][rev[1]].mean(0)
+  half = gt.copy()
+  half[1] = 0.5 * (gt[1] - m) + 100.0
+  flat = np.broadcast_to(m, gt.shape)
+  shuffled = gt.copy()
+  shuffled[1][rev[1]] = rng.permutation(gt[1][rev[1]])
+  for video, want in ((gt, 1.0), (half, 0.5), (flat, 0.0), (shuffled, 1.0)):
+    pf = covisible.score_frames(video, gt, rev & False, rev, {}, [0, 1])
+    assert pf[0]["revealed_contrast"] is None
+    assert pf[1]["revealed_contrast"] == pytest.approx(want, abs=1e-12)
+  # Against a float64 brute force of the definition on two channels of different spread.
+  a, b = rng.normal(0, [1, 5, 2], (40, 3)), rng.normal(0, [3, 1, 1], (40, 3))
+  want = np.sqrt(sum(np.mean((a[:, c] - a[:, c].mean()) ** 2) for c in range(3)) /
+                 sum(np.mean((b[:, c] - b[:, c].mean()) ** 2) for c in range(3)))
+  assert covisible.masked_contrast(a.reshape(5, 8, 3), b.reshape(5, 8, 3), np.ones((5, 8), bool)) == \
+      pytest.approx(want, rel=1e-12)
+  assert covisible.masked_contrast(a.reshape(5, 8, 3), np.zeros((5, 8, 3)), np.ones((5, 8), bool)) is None
+
+
 def test_occluder_hides_the_wall():
   depth, c2w, k = _wall_pair()
   depth[1, :, :32] = 1.0  # the left half of frame 1 sees something 1 m away that frame 0 cannot see

@@ -2,6 +2,7 @@
 scores, the self-forcing rollout equals the streaming sampler at init, each update touches only its own
 adapter, and a distillation run resumes exactly."""
 
+import dataclasses
 import json
 
 import flax.linen as nn
@@ -18,6 +19,7 @@ from jaxwm.diffusion import flow
 from jaxwm.distill import dmd, gan
 from jaxwm.models.conditioning import Cameras
 from jaxwm.models.init import init_params
+from jaxwm.sampling import streaming
 from jaxwm.sampling.streaming import StreamingSampler
 from jaxwm.training import sharding
 
@@ -137,6 +139,37 @@ def test_student_rollout_at_init_is_the_base_few_step_sampler(setup):
   assert np.abs(early[:, 1:] - want[:, 1:]).max() > 1e-3
 
 
+def test_a_scaled_noise_student_streams_as_the_sampler_with_that_noise_scale(setup):
+  """``noise_scale`` s: the sampler starts each chunk from ``s * normal(key)`` (checked against the denoiser fed
+  that noise by hand), the student's rollout is that sampler at init, and the teacher's regression targets
+  still start from the unscaled noise (chunk 0's history is the first frame alone in both, so equal)."""
+  model, base, batch, settings = setup["model"], setup["base"], setup["batch"], setup["settings"]
+  first = dmd.first_latents(batch, 4)
+  cams = Cameras(batch["c2w"], batch["intrinsics"])
+  key, s = jax.random.key(7), 0.5
+  with pytest.raises(ValueError, match="noise_scale=0.0: must be > 0"):
+    StreamingSampler(model, {"params": base}, batch_size=B, max_frames=F, latent_hw=(4, 4), channels=48,
+                     noise_scale=0.0)
+  sampler = StreamingSampler(model, {"params": base}, batch_size=B, max_frames=F, latent_hw=(4, 4), channels=48,
+                             num_steps=settings.student_steps, shift=settings.shift, noise_scale=s)
+  cache = sampler.start(first, cams.frames(slice(0, 1)))
+  x, pos, row_cams, _ = sampler.denoise_chunk(cache, jax.random.fold_in(key, 1), CHUNK, cams.frames(slice(1, 3)))
+  z = s * jax.random.normal(jax.random.fold_in(key, 1), (B, CHUNK, 4, 4, 48))
+  by_hand = streaming.denoise(model, {"params": base}, cache, z, pos, sampler.schedule, cameras=row_cams)
+  np.testing.assert_allclose(np.asarray(x), np.asarray(by_hand), rtol=1e-5, atol=1e-5)
+  want = sampler.rollout(first, F, CHUNK, key, {"c2w": cams.c2w, "intrinsics": cams.intrinsics})
+  roll = jax.jit(lambda p, g, scale: dmd.student_rollout(
+      model, lora.apply_lora(p, g, SPEC), first, cams, key, settings.schedule, CHUNK, F, teacher=p,
+      teacher_schedule=settings.regression_schedule, noise_scale=scale))
+  g0 = setup["state"].generator
+  video, targets = map(np.asarray, roll(base, g0, s))
+  np.testing.assert_allclose(video, want, rtol=1e-5, atol=1e-5)
+  video1, targets1 = map(np.asarray, roll(base, g0, 1.0))
+  assert np.abs(video1[:, 1:] - video[:, 1:]).max() > 1e-2  # the scale reaches the student
+  np.testing.assert_allclose(targets[:, :CHUNK], targets1[:, :CHUNK], rtol=1e-6, atol=1e-6)
+  assert dataclasses.replace(settings, noise_scale=s).adapter_extra()["noise_scale"] == s
+
+
 def test_regression_targets_are_the_teachers_samples_on_the_students_history(setup):
   """Each chunk's ODE-regression target is the teacher's T-step sample from that chunk's noise against the
   student's own history: checked against the streaming sampler of the teacher, fed the student's chunk 0 by
@@ -169,7 +202,6 @@ def test_regression_targets_are_the_teachers_samples_on_the_students_history(set
 def test_the_regression_term_pulls_the_student_to_the_teachers_samples(setup):
   """At init the critic is the teacher, so DMD's gradient is zero and a generator update follows the regression
   term alone: on a fixed batch and key a few updates lower it (a 1-step student, targets at 2 teacher steps)."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
   dist, base, batch = setup["dist"], setup["base"], setup["batch"]
   settings = dataclasses.replace(setup["settings"], student_steps=1, regression_weight=1.0, regression_steps=2)
   step = dmd.DistillStep(dist.model, dist.layout, SPEC, settings, dist.tx_gen, dist.tx_critic)
@@ -270,6 +302,13 @@ def test_distillation_resumes_exactly_and_saves_the_adapter(teacher, tmp_path, c
   assert spec == SPEC
   jax.tree_util.tree_map(np.testing.assert_array_equal, adapter, jax.tree_util.tree_map(np.asarray,
                                                                                         straight.generator))
+  # The noise scale it was trained from (1 here) is what samplers of the adapter use.
+  from jaxwm.distill.student import apply_adapter  # pylint: disable=g-import-not-at-top
+  assert meta["extra"]["noise_scale"] == 1.0
+  adapters.save_adapter(tmp_path / "scaled", adapter, spec, base, extra={**meta["extra"], "noise_scale": 0.5})
+  config = load_model(teacher)[0]
+  _, note = apply_adapter(config, {"params": base}, tmp_path / "scaled")
+  assert config.sample.noise_scale == 0.5 and "noise scale 0.5" in note, note
   # Refusals: another LoRA rank on resume; a missing teacher (before the workdir is created).
   with pytest.raises(ResumeConfigError, match="distill.rank: 4 \\(checkpoint\\) != 8"):
     run(_config(**{"distill.teacher": str(teacher), "distill.rank": 8, "distill.num_steps": 6}), tmp_path / "a",

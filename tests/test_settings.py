@@ -62,6 +62,7 @@ def test_every_shipped_config_parses(name):
     ("data", "source", "disk", r"data.source='disk': must be one of 'tfds', 'procedural', 'records'"),
     ("mesh", "data", 0, r"mesh.data=0: must be an integer >= 1, or -1 for the remaining devices"),
     ("train", "keep", True, r"train.keep=True: must be an integer >= 1 \(checkpoints kept"),
+    ("sample", "noise_scale", -0.5, r"sample.noise_scale=-0.5: must be "),
 ])
 def test_a_bad_key_or_value_is_one_line_naming_it(prefix, key, value, match):
   c = CONFIGS["tiny"]()
@@ -181,7 +182,7 @@ def test_distillation_refuses_a_regression_to_a_guided_teacher(tmp_path):
   with pytest.raises(DistillConfigError, match="distill.regression_steps=0: "):
     check_distill(c)
   c.distill.regression_steps = 10
-  for key, bad in (("gan_weight", -0.1), ("gan_critic_weight", -1.0), ("lr_disc", 0.0)):
+  for key, bad in (("gan_weight", -0.1), ("gan_critic_weight", -1.0), ("lr_disc", 0.0), ("noise_scale", 0.0)):
     good, c.distill[key] = c.distill[key], bad
     with pytest.raises(DistillConfigError, match=f"^distill.{key}={bad}: must be"):
       check_distill(c)

@@ -75,6 +75,8 @@ def _parser():
                  help="frames to generate, 1 + k * chunk with k >= 1 (default: the training clip)")
   p.add_argument("--steps", type=int, default=None, check=Int(1), help="Euler steps per chunk, >= 1 (default: the checkpoint's)")
   p.add_argument("--shift", type=float, default=None, check=Float(gt=0), help="timestep shift, > 0 (default: the checkpoint's)")
+  p.add_argument("--noise-scale", type=float, default=None, check=Float(gt=0),
+                 help="scale of each chunk's starting noise, > 0 (default: the checkpoint's, 1, or the adapter's)")
   p.add_argument("--memory", default="full", check=Choice(lambda: tuple(POLICIES)),
                  help="which earlier frames each chunk attends to (bounded policies for long rollouts; docs/design.md §8)")
   p.add_argument("--window", type=int, default=None, check=Int(1), help="--memory window: frames kept after the sink (default 8)")
@@ -139,6 +141,9 @@ def _main(argv):
   if args.adapter is not None:  # merged once: the streaming forward is unchanged
     from jaxwm.distill.student import adapter_flag  # pylint: disable=g-import-not-at-top
     variables, lora_tag = adapter_flag(config, variables, args.adapter, "sample.py")
+  if args.noise_scale is not None:  # the samplers read config.sample
+    with config.sample.unlocked():
+      config.sample.noise_scale = float(args.noise_scale)
 
   import jax  # pylint: disable=g-import-not-at-top
 

@@ -113,6 +113,8 @@ class DistillSettings:
     regression_steps: ``T``, the teacher's Euler steps (schedule shift ``shift``) for the regression targets.
     gan_weight: DMD2's GAN term in the generator's loss (:mod:`jaxwm.distill.gan`); 0: no discriminator.
     gan_critic_weight: the discriminator's loss in the critic's (used when ``gan_weight > 0``).
+    noise_scale: ``s``: the student streams each chunk from ``s z`` (``z ~ N(0, I)``, the teacher's regression
+      target still from ``z``); the adapter records it and samplers use it (``sample.noise_scale``).
   """
   student_steps: int = 4
   shift: float = 3.0
@@ -126,6 +128,7 @@ class DistillSettings:
   regression_steps: int = 10
   gan_weight: float = 0.0
   gan_critic_weight: float = 0.01
+  noise_scale: float = 1.0
 
   @property
   def gan(self):
@@ -155,7 +158,8 @@ class DistillSettings:
   def adapter_extra(self):
     """What a distilled adapter records about how to sample it (``jaxwm.lora.adapters.save_adapter(extra=...)``)."""
     return {"num_steps": int(self.student_steps), "timesteps": [float(x) for x in self.schedule],
-            "shift": float(self.shift), "guidance": 1.0, "distilled_guidance": float(self.guidance)}
+            "shift": float(self.shift), "guidance": 1.0, "distilled_guidance": float(self.guidance),
+            "noise_scale": float(self.noise_scale)}
 
 
 @flax.struct.dataclass
@@ -304,12 +308,12 @@ def teacher_velocity(model, params, video, x_t, t, cameras, layout, context=None
 
 
 def student_rollout(model, params, first, cameras, key, schedule, chunk_size, num_frames, context=None,
-                    exit_steps=None, teacher=None, teacher_schedule=None):
+                    exit_steps=None, teacher=None, teacher_schedule=None, noise_scale=1.0):
   """Streams ``num_frames`` frames from ``first`` chunk by chunk from the student's own KV cache.
 
   The same computation as ``StreamingSampler(model, {"params": params}, num_steps=S, ...).rollout(first,
-  num_frames, chunk_size, key, cameras)`` with full memory (noise of chunk ``c``: ``normal(fold_in(key,
-  c + 1))``; frame-sparse streams as there), written as a ``lax.scan`` over chunks so that it can be
+  num_frames, chunk_size, key, cameras)`` with full memory (noise of chunk ``c``: ``noise_scale *
+  normal(fold_in(key, c + 1))``, the sampler's ``noise_scale``; frame-sparse streams as there), written as a ``lax.scan`` over chunks so that it can be
   differentiated: the gradient with respect to ``params`` flows through one denoising step per chunk
   (``exit_steps``); the earlier steps and the cache are computed with ``stop_gradient(params)``.
 
@@ -326,6 +330,8 @@ def student_rollout(model, params, first, cameras, key, schedule, chunk_size, nu
     teacher, teacher_schedule: the teacher's parameters and its Euler schedule ``[T + 1]``: each chunk's
       regression target (:func:`regression_loss`) is the teacher's ``T``-step sample from the chunk's own noise
       against the same cache (the student's history): the ODE pair of CausVid / Self Forcing's initialisation.
+      The teacher starts from the unscaled noise ``z``, the student from ``noise_scale * z``.
+    noise_scale: the scale of the student's starting noise.
 
   Returns:
     ``[B, F, h, w, C]`` float32: ``first`` then the generated chunks; with ``teacher`` also the targets
@@ -371,7 +377,7 @@ def student_rollout(model, params, first, cameras, key, schedule, chunk_size, nu
     views = streaming.cache_views(model, cache, cams)  # once per chunk (the cache and cameras are fixed)
     # Steps 0..k-1 without gradient; after k they have zero length (time held at t_k).
     held = jnp.where(idx <= k, schedule[:steps], schedule[k])
-    x = streaming.denoise(model, frozen, cache, z, pos, held, context, 1.0, cams, rng, views=views)
+    x = streaming.denoise(model, frozen, cache, z * noise_scale, pos, held, context, 1.0, cams, rng, views=views)
     x = jax.lax.stop_gradient(x)
     t = schedule[k]
     v, _ = streaming.chunk_forward(model, live, streaming.with_views(cache, views), x, jnp.full((b, chunk_size), t),
@@ -488,7 +494,8 @@ class DistillStep:
     s = self.settings
     exits = jax.random.randint(k_exit, (self.n_chunks,), 0, s.student_steps) if s.exit == "random" else None
     return student_rollout(self.model, params, first, cams, k_noise, s.schedule, self.chunk_size, self.num_frames,
-                           context, exits, teacher, None if teacher is None else s.regression_schedule)
+                           context, exits, teacher, None if teacher is None else s.regression_schedule,
+                           s.noise_scale)
 
   def real_video(self, batch):
     """``[B, F, h, w, C]`` latents of the training clip itself (the GAN term's real samples)."""

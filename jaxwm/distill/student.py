@@ -31,7 +31,7 @@ def adapter_tag(path):
 
 def apply_adapter(config, variables, path):
   """Merges the adapter at ``path`` into ``variables`` and sets ``config.sample.num_steps`` / ``shift`` /
-  ``guidance`` to the adapter's (when it records them: a distilled adapter samples at guidance 1).
+  ``guidance`` / ``noise_scale`` to the adapter's (when it records them: a distilled adapter samples at guidance 1).
 
   Args:
     config: the base checkpoint's ``ConfigDict`` (``sample`` is updated in place).
@@ -54,8 +54,12 @@ def apply_adapter(config, variables, path):
     config.sample.shift = float(extra["shift"])
   if "guidance" in extra and "guidance" in config.sample:  # a distilled student folds the teacher's guidance in
     config.sample.guidance = float(extra["guidance"])
+  if "noise_scale" in extra:  # the scale of the noise it was trained from
+    with config.sample.unlocked():
+      config.sample.noise_scale = float(extra["noise_scale"])
+  scale = f", noise scale {float(extra['noise_scale']):g}" if extra.get("noise_scale", 1.0) != 1.0 else ""
   note = (f"adapter {path}: rank {spec.rank}, {meta.get('param_count', 0) / 1e6:.3f}M values, merged; "
-          f"{config.sample.num_steps} steps, shift {config.sample.shift:g}")
+          f"{config.sample.num_steps} steps, shift {config.sample.shift:g}{scale}")
   return {**variables, "params": lora.merge(params, adapter, spec)}, note
 
 

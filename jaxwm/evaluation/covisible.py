@@ -21,7 +21,8 @@ map (:mod:`jaxwm.evaluation.metrics`' window) over the windows centred on ``M_j`
 are scored on the same pixels: ``warp`` (frame 0 warped by ground-truth depth and poses at render
 size, then area-reduced: what seeing perfectly gives), ``copy`` (frame 0 unchanged) and ``mean``
 (frame 0's mean colour). Revealed pixels are scored apart (model and ``mean``): a model can only
-guess them. A frame with co-visible pixels below ``min_fraction`` of the frame (e.g. a camera
+guess them, and a guess can be the safe mean: their contrast against the ground truth's (``revealed_contrast``,
+1 for as varied, 0 for a flat fill) shows whether a model draws something there. A frame with co-visible pixels below ``min_fraction`` of the frame (e.g. a camera
 turned away) has no co-visible score: the value is ``None``, never made up.
 """
 
@@ -107,6 +108,19 @@ def masked_psnr(a, b, mask, data_range=255.0):
   return PSNR_CAP if mse == 0 else float(min(10 * np.log10(data_range**2 / mse), PSNR_CAP))
 
 
+def masked_contrast(a, b, mask):
+  """How much ``a`` varies over the pixels of ``mask [H, W]`` relative to ``b``: ``sqrt(sum_c var_c(a) / sum_c
+  var_c(b))``, the variances per channel over the masked pixels of ``a, b [H, W, C]``. 1: as much contrast as
+  ``b``; 0: one flat colour (a model that fills what it cannot see with its mean). ``None`` for fewer than 2
+  pixels or a flat ``b``."""
+  mask = np.asarray(mask, bool)
+  if mask.sum() < 2:
+    return None
+  va = np.asarray(a, np.float64)[mask].var(axis=0).sum()
+  vb = np.asarray(b, np.float64)[mask].var(axis=0).sum()
+  return None if vb == 0 else float(np.sqrt(va / vb))
+
+
 def _gaussian(size, sigma):
   x = np.arange(size) - (size - 1) / 2
   g = np.exp(-x * x / (2 * sigma * sigma))
@@ -166,7 +180,8 @@ def score_frames(video, gt, covisible, revealed, references, frames, min_fractio
   Returns:
     list of dicts, one per frame: ``frame``, ``covis_fraction``, ``revealed_fraction``, ``covis_psnr`` /
     ``covis_ssim`` and ``<ref>_covis_psnr`` / ``<ref>_covis_ssim`` (``None`` below ``min_fraction``),
-    ``revealed_psnr`` and ``mean_revealed_psnr`` (``None`` without revealed pixels).
+    ``revealed_psnr``, ``mean_revealed_psnr`` and ``revealed_contrast`` (:func:`masked_contrast` of the model
+    against the ground truth; ``None`` without revealed pixels).
   """
   out = []
   for j in frames:
@@ -178,6 +193,7 @@ def score_frames(video, gt, covisible, revealed, references, frames, min_fractio
       row[f"{name}covis_ssim"] = masked_ssim(img[j], gt[j], cov) if scored else None
     row["revealed_psnr"] = masked_psnr(video[j], gt[j], rev)
     row["mean_revealed_psnr"] = masked_psnr(references["mean"][j], gt[j], rev) if "mean" in references else None
+    row["revealed_contrast"] = masked_contrast(video[j], gt[j], rev)
     out.append(row)
   return out
 

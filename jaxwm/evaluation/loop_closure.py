@@ -49,7 +49,7 @@ from jaxwm.utils.cli import SEED, CommaList, IsDir, IsFile, Parser, Refusal, ref
 from jaxwm.utils.cli import run as run_cli
 
 COVIS_COLS = ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
-              "mean_revealed_psnr", "covis_fraction", "covis_frames")
+              "mean_revealed_psnr", "revealed_contrast", "covis_fraction", "covis_frames")
 LOOP_COLS = ("psnr", "ssim", "lpips", "between_psnr", "return_psnr", "return_ssim", "return_lpips", "return_offset",
              "return_psnr_offset_free", "gain_0.5", "gain_0.8", "gain_1", "remembers", "mean_psnr",
              "mean_return_psnr", "mean_return_ssim", "copy_between_psnr") + COVIS_COLS + ("covis_mass", "covis_chance")
@@ -88,7 +88,7 @@ def pooled_covis(rows):
   frames = [f for r in rows for f in r.get("covis_per_frame", [])]
   out = {"frames": sum(f["covis_psnr"] is not None for f in frames), "of": len(frames)}
   for k in ("covis_psnr", "covis_ssim", "warp_covis_psnr", "copy_covis_psnr", "mean_covis_psnr", "revealed_psnr",
-            "mean_revealed_psnr"):
+            "mean_revealed_psnr", "revealed_contrast"):
     vals = [f[k] for f in frames if f.get(k) is not None]
     out[k] = float(np.mean(vals)) if vals else None
   scored = [f["covis_fraction"] for f in frames if f["covis_psnr"] is not None]
@@ -105,7 +105,8 @@ def covis_headline(rows):
   return (f"co-visible PSNR {f(p['covis_psnr'])} dB (SSIM {f(p['covis_ssim'])}) over {p['frames']} of {p['of']} "
           f"frames ({100 * p['covis_fraction']:.0f}% of their pixels); references on the same pixels: warp "
           f"{f(p['warp_covis_psnr'])}, copy {f(p['copy_covis_psnr'])}, mean {f(p['mean_covis_psnr'])} dB; newly "
-          f"revealed pixels {f(p['revealed_psnr'])} dB (mean colour {f(p['mean_revealed_psnr'])})")
+          f"revealed pixels {f(p['revealed_psnr'])} dB (mean colour {f(p['mean_revealed_psnr'])}), their contrast "
+          f"{f(p['revealed_contrast'])} of the ground truth's")
 
 
 def revisit_pairs(return_frame, max_pairs=5):
@@ -117,12 +118,12 @@ def revisit_pairs(return_frame, max_pairs=5):
 
 def evaluate(config, model, variables, *, clips=35, family="loops", memory="full", memory_kwargs=None,
              lpips_params=None, seed=0, steps=None, shift=None, num_frames=None, frame_stride=None, probe=False,
-             gain=True, split="eval"):
+             gain=True, split="eval", noise_scale=None):
   """Streams ``clips`` eval clips of ``family`` (``loops``, ``palindrome`` or ``walks``); returns one dict per clip.
 
   ``split="train"`` streams the same trajectories in training rooms (what was memorised, not seen).
-  ``num_frames`` / ``frame_stride`` default to the training config's; ``steps`` / ``shift`` (Euler steps per
-  chunk, schedule shift) to ``config.sample``'s. ``probe`` (loops only) adds
+  ``num_frames`` / ``frame_stride`` default to the training config's; ``steps`` / ``shift`` / ``noise_scale`` (Euler steps per
+  chunk, schedule shift, scale of the starting noise) to ``config.sample``'s. ``probe`` (loops only) adds
   the co-visible attention statistics of the return frame (:mod:`jaxwm.evaluation.attention_probe`).
   Every row has the model's scores and both baselines' (:mod:`jaxwm.evaluation.baselines`); ``gain``
   (loops) adds the memory gain ``gain_<t>`` (:mod:`jaxwm.evaluation.memory_gain`). Loops and walks add the
@@ -146,7 +147,8 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   grid = (d.image_size // d.latent_stride // model.cfg.patch_size[1], d.image_size // d.latent_stride //
           model.cfg.patch_size[2])
   # One sampler, shared by all clips.
-  sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps, shift=shift)
+  sampler = clips_lib.make_sampler(model, variables, config, frames_n, num_steps=steps, shift=shift,
+                                   noise_scale=noise_scale)
   # Memory gain (teacher-forced, training layout): once per clip, independent of the memory policy.
   layout = make_layout("teacher_forcing", frames_n, chunk)
   gain_fn = memory_gain.model_apply_fn(model, variables["params"]) if gain else None
@@ -313,6 +315,8 @@ def _main(argv):
   p.add_argument("--steps", type=int, check=Int(1), help="Euler steps per chunk, >= 1 (default: the checkpoint's, or the adapter's)")
   p.add_argument("--shift", type=float, check=Float(gt=0), help="sampling schedule's timestep shift, > 0 (default: the checkpoint's "
                                               "config.sample.shift, or the adapter's)")
+  p.add_argument("--noise-scale", type=float, check=Float(gt=0), help="scale of each chunk's starting noise, > 0 "
+                 "(default: the checkpoint's config.sample.noise_scale, 1, or the adapter's)")
   p.add_argument("--adapter", check=IsDir("a distillation workdir or its adapter/"), help="a distilled LoRA adapter (distillation workdir or its adapter/), merged into the "
                                    "model; its few-step settings become the defaults")
   p.add_argument("--seed", type=int, default=0, check=SEED)
@@ -372,17 +376,20 @@ def _main(argv):
     print(f"evaluating {name} ...", flush=True)
     rows = evaluate(config, m, variables, clips=a.clips, family=a.family, memory=mem,
                     memory_kwargs=memory_kwargs.get(mem), lpips_params=lpips_params, seed=a.seed, steps=a.steps,
-                    shift=a.shift, num_frames=a.frames, probe=a.probe, split=a.split)
+                    shift=a.shift, num_frames=a.frames, probe=a.probe, split=a.split, noise_scale=a.noise_scale)
     for r in rows:
       r["setting"] = name
     results[name] = rows
   cols = {"loops": LOOP_COLS, "walks": WALK_COLS}.get(a.family, PALINDROME_COLS)
   all_rows = [r for rows in results.values() for r in rows]
+  from jaxwm.sampling.settings import sample_of  # pylint: disable=g-import-not-at-top
   sampling = {"num_steps": int(a.steps or config.sample.num_steps),
-              "shift": float(config.sample.shift if a.shift is None else a.shift)}
+              "shift": float(config.sample.shift if a.shift is None else a.shift),
+              "noise_scale": float(sample_of(config.sample).noise_scale if a.noise_scale is None else a.noise_scale)}
   md = [f"# Loop closure ({a.family}{', training rooms' if a.split == 'train' else ''}): {a.checkpoint} (step {step})"
         + (f" + adapter {a.adapter}" if a.adapter else ""), "",
-        f"Sampling: {sampling['num_steps']} Euler steps per chunk, schedule shift {sampling['shift']:g}.", "",
+        f"Sampling: {sampling['num_steps']} Euler steps per chunk, schedule shift {sampling['shift']:g}"
+        + (f", noise scale {sampling['noise_scale']:g}" if sampling["noise_scale"] != 1 else "") + ".", "",
         "Mean ± 95% interval over clips." + (" covis_mass: share of the return frame's history attention on "
                                              "co-visible keys; covis_chance: that share under uniform attention."
                                              if a.probe else ""), "", table(all_rows, "setting", cols)]

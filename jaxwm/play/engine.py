@@ -19,6 +19,7 @@ import numpy as np
 from jaxwm.memory import POLICIES, make_policy
 from jaxwm.sampling.clips import eval_clip
 from jaxwm.sampling.controls import Controls, return_path
+from jaxwm.sampling.settings import sample_of
 from jaxwm.sampling.streaming import StreamingSampler
 
 MAX_STEPS = 50
@@ -154,7 +155,7 @@ class Player:
     sampler = StreamingSampler(model.model, model.variables, batch_size=1, max_frames=model.max_frames,
                                latent_hw=(lh, lw), channels=ae.channels, num_steps=steps,
                                shift=model.config.sample.shift, guidance=guidance, context=context,
-                               null_context=null)
+                               null_context=null, noise_scale=sample_of(model.config.sample).noise_scale)
     self.k = np.asarray(intrinsics, np.float64)
     self.pose = np.eye(4)
     latent = ae.encode(jnp.asarray(first)[None, None])  # [1, 1, h, w, C]: the image alone

@@ -8,6 +8,7 @@ import numpy as np
 from jaxwm.data.procedural import ProceduralClips
 from jaxwm.data.window import ClipWindow
 from jaxwm.models import vae
+from jaxwm.sampling.settings import sample_of
 from jaxwm.sampling.streaming import StreamingSampler
 
 # loops: the 35 rotation loops in turn; palindrome: out-and-back paths; walks: the translation walks in turn
@@ -49,14 +50,16 @@ def eval_clip(config, index, num_frames=None, frame_stride=None, family="loops",
   return {**window, "frame_index": np.arange(frames_n) * stride, "return_frame": ret, "meta": meta}
 
 
-def make_sampler(model, variables, config, num_frames, num_steps=None, shift=None):
+def make_sampler(model, variables, config, num_frames, num_steps=None, shift=None, noise_scale=None):
   """A batch-1 :class:`StreamingSampler` for ``num_frames``-frame rollouts of ``config.data``'s frames
-  (``num_steps`` / ``shift`` default to ``config.sample``'s); reusable across clips of that length."""
+  (``num_steps`` / ``shift`` / ``noise_scale`` default to ``config.sample``'s); reusable across clips of that
+  length."""
   d = config.data
   hw = d.image_size // d.latent_stride
   return StreamingSampler(model, variables, batch_size=1, max_frames=num_frames, latent_hw=(hw, hw),
                           channels=3 * d.latent_stride**2, num_steps=num_steps or config.sample.num_steps,
-                          shift=config.sample.shift if shift is None else shift)
+                          shift=config.sample.shift if shift is None else shift,
+                          noise_scale=sample_of(config.sample).noise_scale if noise_scale is None else noise_scale)
 
 
 def stream_clip(model, variables, config, clip, *, key, num_steps=None, shift=None, memory=None, callback=None,

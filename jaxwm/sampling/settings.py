@@ -14,11 +14,14 @@ class SampleConfig(Block):
       between (RESULTS.md).
     shift: the schedule's shift (``jaxwm.diffusion.flow.sampling_schedule``).
     guidance: classifier-free guidance scale (text models; 1: none).
+    noise_scale: each chunk's starting noise is ``noise_scale * N(0, I)`` (1: the flow's prior). A distilled
+      student sets it to the scale it was trained with (``distill.noise_scale``).
   """
   PREFIX = "sample"
   num_steps: int = setting(4, Int(lo=1), resume="free")
   shift: float = setting(3.0, Float(gt=0), resume="free")
   guidance: float = setting(1.0, Float(), resume="free")
+  noise_scale: float = setting(1.0, Float(gt=0), resume="free")
 
 
 def sample_of(block):

@@ -119,10 +119,10 @@ _fold_in_jit = jax.jit(jax.random.fold_in)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _chunk_inputs_jit(key, start, shape, rows):
-  """A chunk's noise ``[rows, n, h, w, C]`` from ``key`` (``shape``: one guidance half's; the halves share it) and
-  positions ``start + [0, n)`` ``[rows, n]``: one program (eagerly, their small ops each cost a dispatch)."""
-  z = jax.random.normal(key, shape)
+def _chunk_inputs_jit(key, start, shape, rows, scale):
+  """A chunk's noise ``scale * normal(key) [rows, n, h, w, C]`` (``shape``: one guidance half's; the halves share
+  it) and positions ``start + [0, n)`` ``[rows, n]``: one program (eagerly, their small ops each cost a dispatch)."""
+  z = jax.random.normal(key, shape) * scale
   z = jnp.concatenate([z] * (rows // shape[0]))
   pos = jnp.asarray(start, jnp.float32) + jnp.arange(shape[1], dtype=jnp.float32)
   return z, jnp.broadcast_to(pos, (rows, shape[1]))
@@ -139,11 +139,16 @@ class StreamingSampler:
     num_steps, shift: Euler steps per chunk and schedule shift.
     guidance: classifier-free guidance scale (needs ``model.cross_attn`` and contexts).
     context, null_context: ``[B, Lt, text_dim]`` conditional / unconditional sequences.
+    noise_scale: each chunk starts from ``noise_scale * z``, ``z ~ N(0, I)`` (1: the model's prior; a distilled
+      student records the scale it was trained with, ``distill.noise_scale``).
   """
 
   def __init__(self, model: WanModel, variables, *, batch_size, max_frames, latent_hw, channels, num_steps=20,
-               shift=1.0, guidance=1.0, context=None, null_context=None):
+               shift=1.0, guidance=1.0, context=None, null_context=None, noise_scale=1.0):
     cfg = model.cfg
+    if not noise_scale > 0:
+      raise ValueError(f"noise_scale={noise_scale}: must be > 0")
+    self.noise_scale = float(noise_scale)
     if guidance != 1.0:
       if not cfg.cross_attn or context is None:
         raise ValueError("classifier-free guidance (guidance != 1) needs model.cross_attn and a context")
@@ -206,7 +211,8 @@ class StreamingSampler:
     """The first half of :meth:`generate`: ``(x [rows, n, h, w, C], positions, row cameras, views)``, cache
     unchanged; ``views`` (:func:`cache_views`) serve the commit of ``x`` into the same cache."""
     shape = (self.batch_size, num_frames, *self.latent_hw, self.channels)
-    z, pos = _chunk_inputs_jit(key, cache.length if start is None else np.float32(start), shape, self.rows)
+    z, pos = _chunk_inputs_jit(key, cache.length if start is None else np.float32(start), shape, self.rows,
+                               np.float32(self.noise_scale))
     cams = self._cams(cameras)
     views = _views_jit(self.model, cache, cams)
     x = _denoise_jit(model=self.model, variables=self.variables, cache=cache, noise=z, frame_pos=pos,

@@ -9,6 +9,7 @@ import numpy as np
 
 from jaxwm.data.sources import data_of
 from jaxwm.encoders import make_autoencoder
+from jaxwm.sampling.settings import sample_of
 from jaxwm.sampling.streaming import StreamingSampler
 
 
@@ -46,7 +47,8 @@ def stream_video(model, variables, config, first_frame, cameras, *, key, num_fra
   sampler = StreamingSampler(model, variables, batch_size=1, max_frames=num_frames, latent_hw=(lh, lw),
                              channels=ae.channels, num_steps=num_steps or config.sample.num_steps,
                              shift=config.sample.shift if shift is None else shift, guidance=guidance,
-                             context=context, null_context=null_context)
+                             context=context, null_context=null_context,
+                             noise_scale=sample_of(config.sample).noise_scale)
   decoder = ae.decoder(1, lh, lw)
   video = [decoder.step(first)[0]]
   if on_frames is not None:
