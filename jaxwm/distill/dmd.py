@@ -313,7 +313,8 @@ def student_rollout(model, params, first, cameras, key, schedule, chunk_size, nu
 
   The same computation as ``StreamingSampler(model, {"params": params}, num_steps=S, ...).rollout(first,
   num_frames, chunk_size, key, cameras)`` with full memory (noise of chunk ``c``: ``noise_scale *
-  normal(fold_in(key, c + 1))``, the sampler's ``noise_scale``; frame-sparse streams as there), written as a ``lax.scan`` over chunks so that it can be
+  normal(fold_in(key, c + 1))``, the sampler's ``noise_scale``; frame-sparse streams as there), written as a
+  ``lax.scan`` over chunks so that it can be
   differentiated: the gradient with respect to ``params`` flows through one denoising step per chunk
   (``exit_steps``); the earlier steps and the cache are computed with ``stop_gradient(params)``.
 

@@ -22,8 +22,8 @@ are scored on the same pixels: ``warp`` (frame 0 warped by ground-truth depth an
 size, then area-reduced: what seeing perfectly gives), ``copy`` (frame 0 unchanged) and ``mean``
 (frame 0's mean colour). Revealed pixels are scored apart (model and ``mean``): a model can only
 guess them, and a guess can be the safe mean: their contrast against the ground truth's (``revealed_contrast``,
-1 for as varied, 0 for a flat fill) shows whether a model draws something there. A frame with co-visible pixels below ``min_fraction`` of the frame (e.g. a camera
-turned away) has no co-visible score: the value is ``None``, never made up.
+1 for as varied, 0 for a flat fill) shows whether a model draws something there. A frame with co-visible
+pixels below ``min_fraction`` of the frame (e.g. a camera turned away) has no co-visible score: the value is ``None``, never made up.
 """
 
 import numpy as np

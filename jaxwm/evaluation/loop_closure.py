@@ -122,8 +122,8 @@ def evaluate(config, model, variables, *, clips=35, family="loops", memory="full
   """Streams ``clips`` eval clips of ``family`` (``loops``, ``palindrome`` or ``walks``); returns one dict per clip.
 
   ``split="train"`` streams the same trajectories in training rooms (what was memorised, not seen).
-  ``num_frames`` / ``frame_stride`` default to the training config's; ``steps`` / ``shift`` / ``noise_scale`` (Euler steps per
-  chunk, schedule shift, scale of the starting noise) to ``config.sample``'s. ``probe`` (loops only) adds
+  ``num_frames`` / ``frame_stride`` default to the training config's; ``steps`` / ``shift`` / ``noise_scale``
+  (Euler steps per chunk, schedule shift, scale of the starting noise) to ``config.sample``'s. ``probe`` (loops only) adds
   the co-visible attention statistics of the return frame (:mod:`jaxwm.evaluation.attention_probe`).
   Every row has the model's scores and both baselines' (:mod:`jaxwm.evaluation.baselines`); ``gain``
   (loops) adds the memory gain ``gain_<t>`` (:mod:`jaxwm.evaluation.memory_gain`). Loops and walks add the
