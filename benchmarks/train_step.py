@@ -9,11 +9,15 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
   python benchmarks/train_step.py --configs tiny_viewrope_tf,tiny_worldrope_tf,tiny_viewrope_df,tiny --steps 3
   python benchmarks/train_step.py --configs tiny,recipe_w384 --attention-impls xla,xla_lse   # one row per impl
 
-Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update).
+Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update). The script restarts
+once with huge pages for ``malloc``, as ``train.py`` does (:mod:`jaxwm.utils.hugepages`); ``JAXWM_HUGEPAGES=0``
+runs it without (the torch step shares the process, so both sides get the same allocator). ``faults/step``: minor
+page faults per jaxwm step.
 """
 
 import argparse
 import os
+import resource
 import sys
 import time
 
@@ -30,6 +34,7 @@ from jaxwm.models.config import ModelConfig  # noqa: E402
 from jaxwm.models.transformer import WanModel  # noqa: E402
 from jaxwm.training import sharding as sh  # noqa: E402
 from jaxwm.training.loop import Trainer  # noqa: E402
+from jaxwm.utils import hugepages  # noqa: E402
 
 
 def matmul_rate(n=2048, repeats=10):
@@ -64,12 +69,14 @@ def bench_jaxwm(config, steps):
   flops = float((cost[0] if isinstance(cost, list) else cost)["flops"])
   state, m = tr.train_step(state, batch, key)
   jax.block_until_ready(m)
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   t = time.perf_counter()
   for _ in range(steps):
     state, m = tr.train_step(state, batch, key)
   jax.block_until_ready(m)
   dt = (time.perf_counter() - t) / steps
-  return dt, tr.tokens_per_step, flops
+  faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+  return dt, tr.tokens_per_step, flops, faults
 
 
 def _backbone_shapes(config):
@@ -182,6 +189,7 @@ CONFIGS = {"tiny": tiny.get_config, "tiny_p2": _tiny_patch2, "small": small.get_
 
 
 def main():
+  hugepages.reexec()
   p = argparse.ArgumentParser()
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--configs", default="tiny,small")
@@ -197,9 +205,9 @@ def main():
       p.error(f"--configs: {name!r} is not one of {sorted(CONFIGS)}")
   rate = matmul_rate()
   print(f"backend {jax.default_backend()}, {os.cpu_count()} cpus; measured float32 matmul rate "
-        f"{rate / 1e9:.1f} GFLOP/s (2048^3)")
+        f"{rate / 1e9:.1f} GFLOP/s (2048^3); huge pages for malloc: {'on' if hugepages.enabled() else 'off'}")
   print(f"{'config':>7} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} | "
-        f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9}")
+        f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9} | {'faults/step':>11}")
   from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
   impls = [i for i in args.attention_impls.split(",") if i]
   bad = [i for i in impls if i not in ATTENTION_IMPLS]
@@ -213,7 +221,7 @@ def main():
       config.train.workdir = "/tmp/jaxwm_bench"
       if impl is not None:
         config.model.attention_impl = impl
-      dt, tokens, flops = bench_jaxwm(config, args.steps)
+      dt, tokens, flops, faults = bench_jaxwm(config, args.steps)
       bdt, btok = bench_jaxwm_backbone(config, args.steps)
       if torch_dt is None:  # torch once per config: the same step whatever jaxwm's impl
         torch_dt = bench_torch(config, args.steps, args.torch_threads)
@@ -223,7 +231,7 @@ def main():
       label = name if impl is None else f"{name}[{impl}]"
       print(f"{label:>7} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
             f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
-            f"{tdt / bdt:>8.2f}x", flush=True)
+            f"{tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)
   print("MFU = XLA-counted FLOPs of the step / step time / measured matmul rate; "
         "jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
 

@@ -28,6 +28,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from jaxwm.training.config_utils import check_overrides
+from jaxwm.utils import hugepages
 
 _FLAGS = {}
 DEFAULT_CONFIG = "configs/tiny.py"
@@ -282,6 +283,7 @@ def main(argv=None):
   ``absl.app`` (its logging and flags), exiting with the code."""
   if argv is not None:
     return cli(argv)
+  hugepages.reexec()  # a program, not a call: restart once with huge pages for XLA:CPU's buffers
   argv = resolve_argv(sys.argv[1:])
   if any(a in _HELP for a in argv):
     print(_usage())
