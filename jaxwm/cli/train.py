@@ -280,10 +280,11 @@ def cli(argv):
 def main(argv=None):
   """``python train.py`` / ``jaxwm-train``. ``argv`` (without the program name) runs in this process and returns
   the exit code (:func:`cli`, repeatable: a notebook can call it); ``None`` reads ``sys.argv`` and runs under
-  ``absl.app`` (its logging and flags), exiting with the code."""
+  ``absl.app`` (its logging and flags), exiting with the code, after restarting once with huge pages for XLA:CPU's
+  buffers (:func:`jaxwm.utils.hugepages.reexec`)."""
   if argv is not None:
     return cli(argv)
-  hugepages.reexec()  # a program, not a call: restart once with huge pages for XLA:CPU's buffers
+  hugepages.reexec()  # a program, not a call
   argv = resolve_argv(sys.argv[1:])
   if any(a in _HELP for a in argv):
     print(_usage())
