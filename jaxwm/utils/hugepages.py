@@ -12,7 +12,8 @@ changes.
 Only training restarts itself (``train.py`` / ``jaxwm-train``: :func:`reexec` first thing). Sampling is
 dominated by compilation and small buffers, where zeroing whole 2 MiB pages costs more than it saves: ``sample.py``
 for one clip took 13.1-13.7 s against 12.0-12.4 s, and the loop-closure benchmark on 12 loops 51 s against 44 s, so
-they do not. A library import never restarts anything.
+they do not. A distillation run (also ``train.py``) neither gains nor loses measurably. A library import never
+restarts anything.
 
 glibc reads tunables once, at process start, so :func:`reexec` restarts the process (``os.execve``: same pid,
 same arguments, same ``python -m`` form) with ``GLIBC_TUNABLES`` extended. It does nothing when the setting cannot
