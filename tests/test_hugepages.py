@@ -93,7 +93,7 @@ def _probe(tmp_path, env_extra, module):
 @pytest.mark.skipif(hp.plan({}, hp.glibc_version(), hp.thp_mode(), ["python"], sys.executable)[0] is None,
                     reason="this host has no use for the restart (glibc < 2.35 or THP not in madvise mode)")
 @pytest.mark.parametrize("module", [False, True], ids=["script", "python -m"])
-def test_the_restarted_process_gets_huge_pages_and_the_opt_out_does_not(tmp_path, module):
+def test_the_restarted_process_advises_huge_pages_and_the_opt_out_does_not(tmp_path, module):
   on = _probe(tmp_path, {}, module)
   assert on["tunables"] == "glibc.malloc.hugetlb=1" and on["enabled"] and on["argv"] == ["a", "--b=1"]
   assert on["name"] == ("probe_pkg.probe" if module else None)  # `python -m` restarts as a module
