@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from jaxwm.data.procedural import make_clip, make_scene, render
+from jaxwm.data.procedural.scene import clear_scene_cache
 
 
 def _time(fn, repeats):
@@ -37,7 +38,7 @@ def main():
     for chunk in (8, 1):
       clip_s, build_s = [], []
       for seed in range(args.scenes):
-        make_scene.cache_clear()
+        clear_scene_cache()
         t = time.perf_counter()
         scene = make_scene(seed)
         build_s.append(time.perf_counter() - t)

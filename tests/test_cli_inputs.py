@@ -100,6 +100,7 @@ TRAIN_BAD = [
     ("--config.data.batch_size=4", ["data.batch_size=4", "multiple of 8", "data=8", "16, 24"]),
     ("--config.data.batch_size=12", ["data.batch_size=12", "multiple of 8"]),
     ("--config.data.worker_count=-1", ["data.worker_count=-1"]),
+    ("--config.data.read_ahead=0", ["data.read_ahead=0"]),
     ("--config.data.palindrome_prob=1.5", ["data.palindrome_prob=1.5"]),
     ("--config.data.scale_divisor=0", ["data.scale_divisor=0"]),
     ("--config.data.convention=blender", ["data.convention='blender'"]),

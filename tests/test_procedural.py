@@ -1,6 +1,7 @@
 """Procedural scenes: determinism, exact loop returns, depth, warp consistency, data sources."""
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -20,6 +21,40 @@ def test_identical_poses_give_identical_frames():
   np.testing.assert_array_equal(frames[:9], frames[9:][::-1])
   np.testing.assert_array_equal(depth[:9], depth[9:][::-1])
   np.testing.assert_array_equal(frames[:9], c["frames"])
+
+
+def test_concurrent_callers_share_one_build_of_a_room(monkeypatch):
+  """A loader's reader threads asking for clips of one room at once get one build, the same object, equal to a
+  build alone (``functools.lru_cache`` alone let each of them build: 8 readers, 8 builds)."""
+  from jaxwm.data.procedural import scene as scene_lib  # pylint: disable=g-import-not-at-top
+  alone = make_scene(101)
+  scene_lib.clear_scene_cache()
+  built, lock = [], threading.Lock()
+  real = scene_lib.make_texture
+
+  def counted(rng, size):
+    with lock:
+      built.append(size)
+    return real(rng, size)
+
+  monkeypatch.setattr(scene_lib, "make_texture", counted)
+  start, got = threading.Barrier(8), [None] * 8
+
+  def reader(i):
+    start.wait()
+    got[i] = make_scene(101)
+
+  threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert all(s is got[0] for s in got)
+  assert len(built) == 6 + len(got[0].sphere_textures) + len(got[0].box_textures)  # one room's textures, once
+  for f in dataclasses.fields(alone):
+    if f.name != "mips":
+      np.testing.assert_array_equal(getattr(got[0], f.name), getattr(alone, f.name))
+  assert make_scene(101, 256) is got[0]  # the default size by name or by value: one cache entry
 
 
 def test_clips_are_deterministic():

@@ -30,6 +30,8 @@ class DataConfig(Block):
     batch_size: the global batch; 0 makes it ``per_device_batch_size`` x the devices the batch is split over.
     per_device_batch_size: see ``batch_size``.
     worker_count: grain worker processes (0: in the main process).
+    read_ahead: batches each process reads ahead of the step (grain's prefetch buffer, with one reader thread
+      per record up to 16). Only speed depends on it, never which records come in what order.
     palindrome_prob: probability of a palindromic window (out and back: the way back revisits the way out).
     scale_divisor: translations are divided by it (per-source scale).
     convention: the source's camera convention (:data:`CONVENTIONS`).
@@ -51,6 +53,7 @@ class DataConfig(Block):
                                                   "data.per_device_batch_size x devices)"))
   per_device_batch_size: int = setting(4, Int(lo=0), absent=0)
   worker_count: int = setting(0, Int(lo=0))
+  read_ahead: int = setting(2, Int(lo=1))
   palindrome_prob: float = setting(0.25, Float(ge=0, le=1), absent=0.0)
   scale_divisor: float = setting(1.0, Float(gt=0))
   convention: str = setting("opencv", Choice(CONVENTIONS))

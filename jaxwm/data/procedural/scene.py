@@ -7,6 +7,7 @@ World frame: y points down (the OpenCV camera basis of an upright camera), the r
 
 import dataclasses
 import functools
+import threading
 
 import numpy as np
 
@@ -59,9 +60,31 @@ def _overlaps(lo, hi, others, margin):
   return any(np.all(lo - margin < o_hi) and np.all(o_lo < hi + margin) for o_lo, o_hi in others)
 
 
-@functools.lru_cache(maxsize=16)
+_BUILDING = threading.Lock()  # guards _SCENE_LOCKS
+_SCENE_LOCKS = {}  # (seed, texture_size) -> the lock its one builder holds (one per room ever asked for)
+
+
 def make_scene(seed, texture_size=TEXTURE_SIZE):
-  """Builds the room of ``seed`` deterministically (cached)."""
+  """The room of ``seed``, built deterministically once per process (cached) and shared.
+
+  Concurrent callers for one room (a loader's reader threads fetching clips of one scene) wait for a single
+  build instead of each building it (``functools.lru_cache`` alone lets every thread build).
+  """
+  key = (int(seed), int(texture_size))
+  with _BUILDING:
+    lock = _SCENE_LOCKS.setdefault(key, threading.Lock())
+  with lock:
+    return _cached_scene(*key)
+
+
+def clear_scene_cache():
+  """Forgets the built rooms (benchmarks time a cold build)."""
+  _cached_scene.cache_clear()
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_scene(seed, texture_size=TEXTURE_SIZE):
+  """Builds the room of ``seed`` (see :func:`make_scene`)."""
   rng = np.random.default_rng(np.random.SeedSequence([0x5CE7E, int(seed)]))
   half = np.array([rng.uniform(3.0, 4.5), rng.uniform(1.3, 1.8), rng.uniform(3.0, 4.5)], np.float32)
   zone_half = np.array([0.3 * half[0], 0.35 * half[1], 0.3 * half[2]], np.float32)
