@@ -8,6 +8,7 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
   python benchmarks/train_step.py --configs tiny,tiny_p2              # patch 1 (the default) against patch 2
   python benchmarks/train_step.py --configs tiny_viewrope_tf,tiny_worldrope_tf,tiny_viewrope_df,tiny --steps 3
   python benchmarks/train_step.py --configs tiny,recipe_w384 --attention-impls xla,xla_lse   # one row per impl
+  python benchmarks/train_step.py --configs tiny,recipe_w192 --remat none,full,dots_saveable   # one row per policy
 
 Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update). The script restarts
 once with huge pages for ``malloc``, as ``train.py`` does (:mod:`jaxwm.utils.hugepages`); ``JAXWM_HUGEPAGES=0``
@@ -196,6 +197,8 @@ def main():
   p.add_argument("--torch-threads", type=int, default=os.cpu_count())
   p.add_argument("--attention-impls", default="",
                  help="comma-separated model.attention_impl values, one row each (default: the config's)")
+  p.add_argument("--remat", default="",
+                 help="comma-separated model.remat policies, one row each (default: the config's)")
   args = p.parse_args()
   if args.steps < 1:
     p.error(f"--steps: {args.steps} is not a positive integer")
@@ -213,14 +216,21 @@ def main():
   bad = [i for i in impls if i not in ATTENTION_IMPLS]
   if bad:
     p.error(f"--attention-impls: {bad} not among {ATTENTION_IMPLS}")
+  from jaxwm.models.config import REMAT_POLICIES  # pylint: disable=g-import-not-at-top
+  remats = [r for r in args.remat.split(",") if r]
+  bad = [r for r in remats if r not in REMAT_POLICIES]
+  if bad:
+    p.error(f"--remat: {bad} not among {REMAT_POLICIES}")
   for name in names:
     torch_dt = None
-    for impl in impls or [None]:
+    for impl, remat in [(i, r) for i in impls or [None] for r in remats or [None]]:
       config = CONFIGS[name]()
       resolve_batch_size(config, 1)  # data.batch_size=0: per_device_batch_size on the one device used here
       config.train.workdir = "/tmp/jaxwm_bench"
       if impl is not None:
         config.model.attention_impl = impl
+      if remat is not None:
+        config.model.remat = remat
       dt, tokens, flops, faults = bench_jaxwm(config, args.steps)
       bdt, btok = bench_jaxwm_backbone(config, args.steps)
       if torch_dt is None:  # torch once per config: the same step whatever jaxwm's impl
@@ -228,7 +238,7 @@ def main():
       tdt, ttok = torch_dt
       cfg = ModelConfig.from_dict(config.model)
       n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
-      label = name if impl is None else f"{name}[{impl}]"
+      label = name + "".join(f"[{x}]" for x in (impl, remat) if x is not None)
       print(f"{label:>7} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
             f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
             f"{tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)

@@ -23,6 +23,26 @@ def test_identical_poses_give_identical_frames():
   np.testing.assert_array_equal(frames[:9], c["frames"])
 
 
+@pytest.mark.parametrize("g,channels,size", [(5, 3, 256), (2, 1, 7), (17, 4, 33), (65, 3, 100)])
+def test_texture_upsampling_is_bilinear_with_aligned_corners(g, channels, size):
+  """``_upsample`` against float64 bilinear interpolation written per output pixel (corners on corners)."""
+  from jaxwm.data.procedural.textures import _upsample  # pylint: disable=g-import-not-at-top
+  grid = np.random.default_rng(g).random((g, g, channels), dtype=np.float32)
+  got = _upsample(grid, size)
+  u = np.arange(size) * (g - 1) / (size - 1)
+  i0 = np.minimum(np.floor(u).astype(int), g - 2)
+  w = u - i0
+  want = np.empty((size, size, channels))
+  for r in range(size):
+    for c in range(size):
+      a, b, fr, fc = i0[r], i0[c], w[r], w[c]
+      want[r, c] = ((1 - fr) * (1 - fc) * grid[a, b] + (1 - fr) * fc * grid[a, b + 1] + fr * (1 - fc) * grid[a + 1, b]
+                    + fr * fc * grid[a + 1, b + 1])
+  assert got.shape == (size, size, channels)
+  np.testing.assert_allclose(got, want, atol=1e-5)  # positions are float32 linspace values
+  np.testing.assert_array_equal(got[[0, 0, -1, -1], [0, -1, 0, -1]], grid[[0, 0, -1, -1], [0, -1, 0, -1]])
+
+
 def test_concurrent_callers_share_one_build_of_a_room(monkeypatch):
   """A loader's reader threads asking for clips of one room at once get one build, the same object, equal to a
   build alone (``functools.lru_cache`` alone let each of them build: 8 readers, 8 builds)."""
