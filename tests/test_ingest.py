@@ -9,6 +9,7 @@ import pytest
 from jaxwm import encoders
 from jaxwm.data import ingest as ing
 from jaxwm.data import records
+from jaxwm.data import ingest_parts
 from jaxwm.data.procedural import make_clip, make_scene, render
 from jaxwm.data.records import LatentWindow, RecordClips, decode_record, encode_record
 from jaxwm.data.video import adjust_intrinsics, read_video, resample_indices, resize_center_crop, write_mp4
@@ -243,6 +244,26 @@ def test_crash_then_resume(inputs, tmp_path):
   assert keys == ["a/0", "b/0", "c/0"]
   # Rejected inputs were logged once, by the run that met them.
   assert len((out / "rejects.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_part_deletes_only_its_own_leftovers(inputs, tmp_path):
+  """Process 1 of 2, starting while process 0 writes into the same folder, removes its own part's temporary files
+  (a crash's leftovers) and none of process 0's or of the shared files' (which may be in flight). Deleting
+  every ``.*.tmp*`` made two concurrent processes fail now and then (one renamed a file the other was deleting)."""
+  out = tmp_path / "two"
+  out.mkdir()
+  mine = [".train-part001-of-002-00000.array_record.tmp11", ".manifest.part001-of-002.json.tmp11",
+          ".rejects.part001-of-002.jsonl.tmp11"]
+  theirs = [".train-part000-of-002-00000.array_record.tmp22", ".manifest.part000-of-002.json.tmp22",
+            ".rejects.part000-of-002.jsonl.tmp22", ".manifest.json.tmp22", ".rejects.jsonl.tmp22",
+            ".null_text.npy.tmp22", ".train-part001-of-020-00000.array_record.tmp33"]
+  for name in mine + theirs:
+    (out / name).write_bytes(b"partial")
+  assert [p.name for p in ingest_parts.leftovers(out, 1, 2)] == sorted(mine)
+  assert len(ingest_parts.leftovers(out, 0, 1)) == len(mine + theirs)  # one process: every leftover is its own
+  r = _ingest(inputs, out, process_index=1, process_count=2)
+  assert "(process 1 of 2" in r["summary"] and r["new_clips"] == 2, r["summary"]
+  assert sorted(p.name for p in out.glob(".*tmp*")) == sorted(theirs)
 
 
 def test_grain_loader_over_records(inputs, tmp_path):

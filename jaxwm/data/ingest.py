@@ -269,8 +269,8 @@ class _Run:
       raise SettingsError(f"--out={str(self.out)!r}: holds clips made with other settings: {', '.join(diff)}; "
                           f"use another --out")
     self.out.mkdir(parents=True, exist_ok=True)
-    for tmp in self.out.glob(".*.tmp*"):  # leftovers of a crashed run
-      tmp.unlink()
+    for tmp in ingest_parts.leftovers(self.out, index, count):  # of a crashed run of this part
+      tmp.unlink(missing_ok=True)
     if self.manifest is None or count > 1:  # a part is unfinished until this run ends
       self.manifest = self.manifest or {"settings": settings, "latent_shape": None, "shards": [], "done": {}}
       if count > 1:

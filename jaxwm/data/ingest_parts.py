@@ -37,6 +37,18 @@ def shard_prefix(split, index, count):
   return split if count == 1 else f"{split}-{tag(index, count)}"
 
 
+def leftovers(out, index, count):
+  """The temporary files (``.<name>.tmp<pid>``) of crashed runs that process ``index`` of ``count`` may delete:
+  every one when it is the only process; otherwise only those of its own part (its shards, part manifest and
+  rejects, whose names carry its tag). Another part's, or a shared file's, may be in flight in a process running now
+  (deleting them broke concurrent runs); the files they would replace are rewritten whole, so leaving them is safe."""
+  temps = sorted(pathlib.Path(out).glob(".*.tmp*"))
+  if count == 1:
+    return temps
+  own = re.compile(rf"^\.[^/]*[.-]{tag(index, count)}[.-]")
+  return [t for t in temps if own.match(t.name)]
+
+
 def check_layout(out, count):
   """The error message when ``out`` was ingested with another process count, else None."""
   out = pathlib.Path(out)
