@@ -53,7 +53,11 @@ def measure(cfg, batch, settle, lock_rooms, read_ahead):
     next(it)
     first, r1, b1 = time.perf_counter() - t, read[0], built[0]
     time.sleep(settle)
-    return first, r1, b1, read[0], built[0], time.process_time() - cpu
+    result = first, r1, b1, read[0], built[0], time.process_time() - cpu
+    it._iterator.close()  # pylint: disable=protected-access  # cancels queued reads; running ones finish
+    while any(t.name.startswith("grain-prefetch") for t in threading.enumerate()):
+      time.sleep(0.05)  # so that no read of this row lands in the next row's counts or cache
+    return result
   finally:
     clips_lib.ProceduralClips.__getitem__, scene_lib.make_texture = real_get, real_tex
     clips_lib.make_scene = scene_lib.make_scene

@@ -41,7 +41,9 @@ def leftovers(out, index, count):
   """The temporary files (``.<name>.tmp<pid>``) of crashed runs that process ``index`` of ``count`` may delete:
   every one when it is the only process; otherwise only those of its own part (its shards, part manifest and
   rejects, whose names carry its tag). Another part's, or a shared file's, may be in flight in a process running now
-  (deleting them broke concurrent runs); the files they would replace are rewritten whole, so leaving them is safe."""
+  (deleting them broke concurrent runs); the files they would replace are rewritten whole, so leaving them is safe.
+  A crashed merge's shared temporary files (``.manifest.json.tmp*``) are therefore never deleted: hidden, and read by
+  nothing."""
   temps = sorted(pathlib.Path(out).glob(".*.tmp*"))
   if count == 1:
     return temps

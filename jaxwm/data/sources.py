@@ -30,8 +30,9 @@ class DataConfig(Block):
     batch_size: the global batch; 0 makes it ``per_device_batch_size`` x the devices the batch is split over.
     per_device_batch_size: see ``batch_size``.
     worker_count: grain worker processes (0: in the main process).
-    read_ahead: batches each process reads ahead of the step (grain's prefetch buffer, with one reader thread
-      per record up to 16). Only speed depends on it, never which records come in what order.
+    read_ahead: batches read beyond those the loop has taken, per process (per grain worker when ``worker_count``
+      > 0): grain's prefetch buffer, with one reader thread per record up to 16. Raise it for slow storage such
+      as a remote bucket. Only speed depends on it, never which records come in what order.
     palindrome_prob: probability of a palindromic window (out and back: the way back revisits the way out).
     scale_divisor: translations are divided by it (per-source scale).
     convention: the source's camera convention (:data:`CONVENTIONS`).

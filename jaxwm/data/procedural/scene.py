@@ -60,18 +60,18 @@ def _overlaps(lo, hi, others, margin):
   return any(np.all(lo - margin < o_hi) and np.all(o_lo < hi + margin) for o_lo, o_hi in others)
 
 
-_BUILDING = threading.Lock()  # guards _SCENE_LOCKS
+_LOCKS_GUARD = threading.Lock()  # guards _SCENE_LOCKS
 _SCENE_LOCKS = {}  # (seed, texture_size) -> the lock its one builder holds (one per room ever asked for)
 
 
 def make_scene(seed, texture_size=TEXTURE_SIZE):
-  """The room of ``seed``, built deterministically once per process (cached) and shared.
+  """The room of ``seed``, built deterministically; the 16 most recent rooms stay cached.
 
-  Concurrent callers for one room (a loader's reader threads fetching clips of one scene) wait for a single
-  build instead of each building it (``functools.lru_cache`` alone lets every thread build).
+  Concurrent callers for one room (a loader's reader threads fetching clips of one scene) share a single build
+  instead of each building it (``functools.lru_cache`` alone lets every thread build).
   """
   key = (int(seed), int(texture_size))
-  with _BUILDING:
+  with _LOCKS_GUARD:
     lock = _SCENE_LOCKS.setdefault(key, threading.Lock())
   with lock:
     return _cached_scene(*key)
