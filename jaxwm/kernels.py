@@ -290,3 +290,18 @@ def delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, outp
     s0 = jnp.zeros((q.shape[0], q.shape[2], q.shape[3], v.shape[3]), jnp.float32)
   o, state = per_batch_shard(fn, batch_axes, q, k, v, g, beta, s0)
   return o, (state if output_final_state else None)
+
+
+def delta_rule_write(k, v, beta, *, initial_state=None, chunk_size=64, impl="xla", interpret=False, batch_axes=None):
+  """The state after writes alone, no decay, no read (LOCI's chunk write; ``jaxwm.ops.delta_rule.delta_rule_write``)
+  by ``impl``: ``xla`` computes only the write's terms; a kernel runs its chunked scan with zero queries and zero
+  decays, which computes the same state.
+
+  ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``beta [B, T, H]``, ``initial_state [B, H, K, V]`` ->
+  ``final_state [B, H, K, V]`` float32.
+  """
+  if kernel_of("delta_rule", impl, "delta-rule") is None:
+    return dr_ref.delta_rule_write(k, v, beta, initial_state=initial_state, chunk_size=chunk_size)
+  zeros = jnp.zeros_like(k)
+  return delta_rule_chunked(zeros, k, v, zeros, beta, initial_state=initial_state, output_final_state=True,
+                            chunk_size=chunk_size, impl=impl, interpret=interpret, batch_axes=batch_axes)[1]

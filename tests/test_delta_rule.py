@@ -1,6 +1,7 @@
 """Delta rule (docs/design.md §7): parity of outputs, final states and every gradient with fla's PyTorch
 ``naive.py`` references (loaded by file path: no triton needed), chunked == recurrent, safety
-under strong decay, LOCI's chunk-before-write against a hand-written loop."""
+under strong decay, LOCI's chunk-before-write against a hand-written loop, LOCI's write alone against the
+recurrence with zero queries and decays."""
 
 import importlib.util
 import pathlib
@@ -136,6 +137,32 @@ def test_chunk_before_write_equals_a_hand_written_loop():
         state[h] = state[h] + beta[0, t, h] * np.outer(k[0, t, h], v[0, t, h] - state[h].T @ k[0, t, h])
   np.testing.assert_allclose(o[0], want, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(s[0], state, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk,t", [(16, 37), (64, 37), (4, 9)])
+def test_write_equals_the_recurrence_with_zero_queries_and_decays(chunk, t):
+  """LOCI's chunk write: the final state and its gradients (k, v, beta, the initial state) equal the token-by-token
+  recurrence's with ``q = 0``, ``g = 0``, for lengths that are and are not multiples of the chunk."""
+  _, k, v, _, beta, s0 = map(jnp.asarray, _inputs(6, "kda", t=t))
+  zeros = jnp.zeros_like(k)
+  write = lambda k, v, beta, s0: dr.delta_rule_write(k, v, beta, initial_state=s0, chunk_size=chunk)
+  recur = lambda k, v, beta, s0: dr.delta_rule_recurrent(zeros, k, v, zeros, beta, initial_state=s0,
+                                                         output_final_state=True)[1]
+  assert _rel(write(k, v, beta, s0), recur(k, v, beta, s0)) <= 1e-5
+  assert _rel(dr.delta_rule_write(k, v, beta, chunk_size=chunk), recur(k, v, beta, jnp.zeros_like(s0))) <= 1e-5
+  grad = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2, 3))(k, v, beta, s0)
+  for name, a, b in zip(["k", "v", "beta", "initial_state"], grad(write), grad(recur)):
+    assert _rel(a, b) <= 1e-5, (name, _rel(a, b))
+
+
+@pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
+def test_kernels_write_as_the_reference(impl):
+  dk, dv = (8, 8) if impl == "pallas_tpu" else (6, 12)
+  _, k, v, _, beta, s0 = map(jnp.asarray, _inputs(7, "kda", t=21, b=1, dk=dk, dv=dv))
+  got = kernels.delta_rule_write(k, v, beta, initial_state=s0, chunk_size=8, impl=impl, interpret=True)
+  assert _rel(got, kernels.delta_rule_write(k, v, beta, initial_state=s0, chunk_size=8)) <= 1e-5
+  with pytest.raises(ValueError, match=r"impl must be one of .*got impl='triton'"):
+    kernels.delta_rule_write(k, v, beta, impl="triton")
 
 
 def test_bad_shapes_name_the_argument():

@@ -126,7 +126,7 @@ class LociConfig:
     alpha_min: floor of the per-chunk retention.
     init_retention: initial per-chunk retention ``r_0`` (``b_alpha = softplus^-1(-log r_0)``).
     translation_divisor: camera translations are divided by this (LOCI: 6 m) for the memory's PRoPE.
-    chunk_size: scan chunk of the delta rule (``jaxwm.ops.delta_rule.delta_rule_chunked``): 16 is the XLA form's
+    chunk_size: scan chunk of the memory's write (``jaxwm.kernels.delta_rule_write``): 16 is the XLA form's
       fastest on CPU (``benchmarks/delta_rule.py``), 64 suits the Pallas kernels (``configs/loci_5b.py``).
     impl: ``xla`` | ``pallas_tpu`` | ``pallas_gpu`` for the delta-rule scan.
   """

@@ -120,10 +120,8 @@ class RecurrentMemory(nn.Module):
       raw = w_ret(z).reshape(b, h, d // 2)
       log_gamma = jnp.maximum(-jnp.exp(a)[None, :, None] * nn.softplus(raw), math.log(lc.alpha_min))
       state = state * jnp.exp(jnp.repeat(log_gamma, 2, axis=-1))[..., None]  # decay once, at the first token
-      zeros = jnp.zeros_like(k[:, t])
-      _, state = kernels.delta_rule_chunked(zeros, k[:, t], v[:, t], zeros, beta[:, t], initial_state=state,
-                                            output_final_state=True, chunk_size=lc.chunk_size, impl=lc.impl,
-                                            batch_axes=batch_mesh_axes())
+      state = kernels.delta_rule_write(k[:, t], v[:, t], beta[:, t], initial_state=state, chunk_size=lc.chunk_size,
+                                       impl=lc.impl, batch_axes=batch_mesh_axes())
     read = jnp.stack([before[c] for c in chunk.tolist()], axis=1)  # [B, S, H, K, V] state read per frame
     qf = q.reshape(b, len(chunk), n, h, d) * d**-0.5
     out = jnp.einsum("bsnhk,bshkv->bsnhv", qf, read).reshape(b, length, h, d)

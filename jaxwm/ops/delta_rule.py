@@ -15,6 +15,8 @@ nothing is normalised here. Scans take ``initial_state [B, H, K, V]`` and return
 - :func:`delta_rule_chunked`: the WY/UT chunked form (one chunk of ``C`` tokens per scan
   step; only exponentials of non-positive cumulative differences are ever taken).
 - :func:`delta_rule_chunk_before_write`: LOCI's read-before-write chunks.
+- :func:`delta_rule_write`: the state after writes alone (no decay, no read): LOCI's chunk write, at the cost of
+  the chunked form's state terms only.
 
 The argument checks and input preparation (``check_inputs``, ``prepare_inputs``, ``pad_time``) are the op's
 interface, :mod:`jaxwm.interfaces.delta_rule`, shared with the kernels (re-exported here). References only: the
@@ -173,6 +175,54 @@ def delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, outp
   q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state)
   o, s = _chunked_scan(q, k, v, g, beta, s0, chunk_size)
   return o.astype(dtype), (s if output_final_state else None)
+
+
+def _write_terms(k, v, beta):
+  """The WY/UT terms of writes without decay, for all chunks at once (``[..., C, ...]``): ``(w, u)`` with
+  ``T = (I + tril(beta k k^T, -1))^-1``, ``w = T (beta k)``, ``u = T (beta v)``."""
+  c = k.shape[-2]
+  a = jnp.where(jnp.tril(jnp.ones((c, c), bool), -1), k @ jnp.swapaxes(k, -1, -2), 0.0) * beta[..., None]
+  t_inv = _unit_lower_inverse(a)
+  return t_inv @ (beta[..., None] * k), t_inv @ (beta[..., None] * v)
+
+
+def _write_step(s, xs):
+  """One chunk of writes: ``S <- S + k^T (u - w S)``."""
+  w, u, k = xs
+  return s + jnp.einsum("bhck,bhcv->bhkv", k, u - jnp.einsum("bhck,bhkv->bhcv", w, s)), None
+
+
+def delta_rule_write(k, v, beta, *, initial_state=None, chunk_size=64):
+  """The state after writing the tokens in order, with no decay and no read:
+  ``S <- S + beta_t k_t (v_t - S^T k_t)^T`` (LOCI's chunk write, docs/design.md §7).
+
+  Equal to ``delta_rule_chunked(0, k, v, 0, beta, ..., output_final_state=True)[1]`` (:func:`delta_rule_recurrent`
+  with ``q = 0``, ``g = 0``), without the terms that zero queries and zero decays would compute: no pairwise
+  decays, no query products, no outputs.
+
+  Args:
+    k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; beta: ``[B, T, H]``.
+    initial_state: ``[B, H, K, V]`` or None (zeros).
+    chunk_size: tokens per scan step (``T`` is padded with ``beta = 0``, which writes nothing).
+
+  Returns:
+    ``final_state [B, H, K, V]`` float32.
+  """
+  g = jnp.zeros(k.shape, jnp.float32)
+  _, k, v, _, beta, s0 = prepare_inputs(jnp.zeros_like(k), k, v, g, beta, None, initial_state)
+  b, t, h, _ = k.shape
+  pad = (-t) % chunk_size
+  k, v, beta = (pad_time(x, pad) for x in (k, v, beta))
+  n = (t + pad) // chunk_size
+
+  def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]
+    x = x.reshape((b, n, chunk_size, h) + x.shape[3:])
+    return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
+
+  kc = chunks(k)
+  w, u = jax.checkpoint(_write_terms)(kc, chunks(v), chunks(beta))  # recomputed in the backward pass
+  s, _ = jax.lax.scan(_write_step, s0, (w, u, kc))
+  return s
 
 
 def delta_rule_chunk_before_write(q, k, v, g, beta, *, chunk_len, scale=None, initial_state=None,
