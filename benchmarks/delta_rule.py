@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.ops import delta_rule as dr
+from timing import interleaved_best  # benchmarks/timing.py
 
 
 def _fla_naive():
@@ -62,17 +63,6 @@ def _best(fn, repeats):
   return min(times)
 
 
-def _interleaved(fns, repeats):
-  """Best time of each of ``fns`` (a dict), calling them in turn ``repeats`` times after one warm-up call each."""
-  for fn in fns.values():
-    fn()
-  times = {k: [] for k in fns}
-  for _ in range(repeats):
-    for k, fn in fns.items():
-      t0 = time.perf_counter()
-      fn()
-      times[k].append(time.perf_counter() - t0)
-  return {k: min(v) for k, v in times.items()}
 
 
 def _matmul_rate(repeats):
@@ -138,7 +128,7 @@ def main():
       timers[c] = _jax_timers(functools.partial(dr.delta_rule_chunked, chunk_size=c), arrays)
     floor = _chunked_flops(t, h, d, 16) / rate
     for i, name in enumerate(("forward", "fwd+bwd")):
-      best = _interleaved({k: v[i] for k, v in timers.items()}, a.repeats if i == 0 else max(2, a.repeats // 2))
+      best = interleaved_best({k: v[i] for k, v in timers.items()}, a.repeats if i == 0 else max(2, a.repeats // 2))
       rows.append([t, name, best["recurrent"], best[64], best[16], float("nan"), floor if i == 0 else float("nan")])
   mem = 7 * h * d * d  # XLA's cost analysis counts a scan body once, so the write is counted by hand
   n_tok, frames = 384, 34

@@ -45,7 +45,8 @@ def measure(cfg, batch, settle, lock_rooms, read_ahead):
 
   scene_lib.clear_scene_cache()
   clips_lib.ProceduralClips.__getitem__, scene_lib.make_texture = get, tex
-  clips_lib.make_scene = scene_lib.make_scene if lock_rooms else scene_lib._cached_scene  # pylint: disable=protected-access
+  unlocked = scene_lib._cached_scene  # pylint: disable=protected-access
+  clips_lib.make_scene = scene_lib.make_scene if lock_rooms else unlocked
   cfg.data.read_ahead = read_ahead
   try:
     cpu, t = time.process_time(), time.perf_counter()
@@ -79,8 +80,9 @@ def main():
       p.error(f"--{name} must be >= 1; got {getattr(a, name)}")
   cfg = tiny.get_config()
   cfg.data.source = "procedural"
-  for key, v in (("render_size", a.render), ("image_size", a.image), ("clip_frames", a.frames), ("num_frames", a.window),
-                 ("num_clips", a.clips)):
+  sizes = (("render_size", a.render), ("image_size", a.image), ("clip_frames", a.frames), ("num_frames", a.window),
+           ("num_clips", a.clips))
+  for key, v in sizes:
     if v is not None:
       cfg.data[key] = v
   grain_default = -(-500 // a.batch)

@@ -27,6 +27,7 @@ from configs import repro  # noqa: E402
 from jaxwm import kernels  # noqa: E402
 from jaxwm.ops import delta_rule as dr  # noqa: E402
 from jaxwm.training.sharding import resolve_batch_size  # noqa: E402
+from timing import interleaved_best  # noqa: E402  (benchmarks/timing.py)
 
 NEW = kernels.delta_rule_write
 
@@ -36,18 +37,6 @@ def old_write(k, v, beta, *, initial_state=None, chunk_size=64, impl="xla", inte
   zeros = jnp.zeros_like(k)
   return kernels.delta_rule_chunked(zeros, k, v, zeros, beta, initial_state=initial_state, output_final_state=True,
                                     chunk_size=chunk_size, impl=impl, interpret=interpret, batch_axes=batch_axes)[1]
-
-
-def _best(fns, repeats):
-  for f in fns.values():
-    f()
-  times = {k: [] for k in fns}
-  for _ in range(repeats):
-    for k, f in fns.items():
-      t0 = time.perf_counter()
-      f()
-      times[k].append(time.perf_counter() - t0)
-  return {k: min(v) for k, v in times.items()}
 
 
 def op_rows(tokens, chunk, repeats):
@@ -64,7 +53,7 @@ def op_rows(tokens, chunk, repeats):
                                                                           chunk_size=chunk))), argnums=(0, 1, 2, 3)))
     fns[f"{name} fwd"] = lambda fwd=fwd: jax.block_until_ready(fwd(*xs))
     fns[f"{name} f+b"] = lambda grad=grad: jax.block_until_ready(grad(*xs))
-  return _best(fns, repeats)
+  return interleaved_best(fns, repeats)
 
 
 def step_rows(arm, steps):
@@ -102,7 +91,8 @@ def main():
   a = p.parse_args()
   if a.steps < 1 or a.repeats < 1:
     p.error(f"--steps and --repeats must be >= 1; got {a.steps}, {a.repeats}")
-  print("| write of | chunk | old fwd (ms) | new fwd (ms) | speed-up | old fwd+bwd (ms) | new fwd+bwd (ms) | speed-up |")
+  print("| write of | chunk | old fwd (ms) | new fwd (ms) | speed-up | old fwd+bwd (ms) | new fwd+bwd (ms) "
+        "| speed-up |")
   print("| --- | --- | --- | --- | --- | --- | --- | --- |")
   for tokens in (128, 512):
     for chunk in (16, 64):

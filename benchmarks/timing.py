@@ -1,0 +1,18 @@
+"""Timing shared by the benchmarks: the best time of several functions called in turn (this VM's speed drifts by
+tens of percent within a minute, so interleaving makes every function see the same drift)."""
+
+import time
+
+
+def interleaved_best(fns, repeats):
+  """``{name: best seconds}`` of ``fns`` (a dict of no-argument callables), after one warm-up call each, calling
+  them in turn ``repeats`` times."""
+  for fn in fns.values():
+    fn()
+  times = {k: [] for k in fns}
+  for _ in range(repeats):
+    for k, fn in fns.items():
+      t0 = time.perf_counter()
+      fn()
+      times[k].append(time.perf_counter() - t0)
+  return {k: min(v) for k, v in times.items()}
