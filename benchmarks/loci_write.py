@@ -8,8 +8,8 @@ Op: ``B = 4``, ``H = 4``, head dim 48 (the tiny model's), the tokens of one chun
 forward+backward (gradients of k, v, beta and the initial state), best of ``--repeats``, both forms interleaved.
 Step: the real training step of ``configs/repro.py:<arm>`` on one device, a random batch, the model's write through
 each form in turn (the old one patched in for its rows); seconds per step are the best of 3 rounds of ``--steps``,
-rounds interleaved. The two forms' losses over the timed steps are printed side by side (equal up to float
-rounding).
+rounds interleaved. The last column is the largest relative difference of the two forms' losses over the timed
+steps (float rounding).
 """
 
 import argparse
@@ -80,7 +80,7 @@ def step_rows(arm, steps):
         losses.append(float(m["loss"]))
       times.append((time.perf_counter() - t0) / steps)
       r[1] = state
-  return {k: (min(r[4]), r[5]) for k, r in runs.items()}, config
+  return {k: (min(r[4]), r[5]) for k, r in runs.items()}
 
 
 def main():
@@ -104,7 +104,7 @@ def main():
   print("| arm | old step (ms) | new step (ms) | speed-up | largest loss difference, relative |")
   print("| --- | --- | --- | --- | --- |")
   for arm in a.arms.split(";"):
-    res, _ = step_rows(arm, a.steps)
+    res = step_rows(arm, a.steps)
     (t_old, l_old), (t_new, l_new) = res["old"], res["new"]
     diff = max(abs(x - y) / abs(x) for x, y in zip(l_old, l_new))
     print(f"| {arm} | {t_old * 1e3:.1f} | {t_new * 1e3:.1f} | {t_old / t_new:.2f}x | {diff:.1e} |", flush=True)

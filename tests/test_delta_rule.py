@@ -153,6 +153,8 @@ def test_write_equals_the_recurrence_with_zero_queries_and_decays(chunk, t):
   grad = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2, 3))(k, v, beta, s0)
   for name, a, b in zip(["k", "v", "beta", "initial_state"], grad(write), grad(recur)):
     assert _rel(a, b) <= 1e-5, (name, _rel(a, b))
+  with pytest.raises(ValueError, match="beta shape"):
+    dr.delta_rule_write(k, v, beta[..., None])
 
 
 @pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])

@@ -143,6 +143,13 @@ def sub_chunk(chunk_size):
   return 1
 
 
+def _chunks(x, chunk_size):
+  """``[B, T, H, ...]`` with ``T`` a multiple of ``chunk_size`` -> ``[N, B, H, C, ...]`` (scan over N)."""
+  b, t, h = x.shape[:3]
+  x = x.reshape((b, t // chunk_size, chunk_size, h) + x.shape[3:])
+  return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
+
+
 def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
   """Chunked scan over prepared float32 inputs; returns ``(o [B, T, H, V], final state)``."""
   b, t, h, dk = q.shape
@@ -150,11 +157,7 @@ def _chunked_scan(q, k, v, g, beta, s0, chunk_size):
   # Padded tokens: beta = 0 writes nothing and g = 0 decays nothing, so the state is exact.
   q, k, v, g, beta = (pad_time(x, pad) for x in (q, k, v, g, beta))
   n = (t + pad) // chunk_size
-
-  def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]
-    x = x.reshape((b, n, chunk_size, h) + x.shape[3:])
-    return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
-
+  chunks = functools.partial(_chunks, chunk_size=chunk_size)
   gcum = jnp.cumsum(chunks(g), axis=3)
   # recomputed in the backward pass
   intra = jax.checkpoint(functools.partial(_intra_chunk, sub=sub_chunk(chunk_size)))
@@ -208,19 +211,13 @@ def delta_rule_write(k, v, beta, *, initial_state=None, chunk_size=64):
   Returns:
     ``final_state [B, H, K, V]`` float32.
   """
-  g = jnp.zeros(k.shape, jnp.float32)
-  _, k, v, _, beta, s0 = prepare_inputs(jnp.zeros_like(k), k, v, g, beta, None, initial_state)
-  b, t, h, _ = k.shape
-  pad = (-t) % chunk_size
-  k, v, beta = (pad_time(x, pad) for x in (k, v, beta))
-  n = (t + pad) // chunk_size
-
-  def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]
-    x = x.reshape((b, n, chunk_size, h) + x.shape[3:])
-    return jnp.moveaxis(jnp.moveaxis(x, 3, 2), 1, 0)
-
-  kc = chunks(k)
-  w, u = jax.checkpoint(_write_terms)(kc, chunks(v), chunks(beta))  # recomputed in the backward pass
+  no_decay = jax.ShapeDtypeStruct(k.shape[:3], _f32)  # shapes only: no queries (k stands in), no decays
+  check_inputs(k, k, v, no_decay, beta, initial_state)
+  b, _, h, dk = k.shape
+  s0 = jnp.zeros((b, h, dk, v.shape[-1]), _f32) if initial_state is None else initial_state.astype(_f32)
+  pad = (-k.shape[1]) % chunk_size
+  kc, vc, bc = (_chunks(pad_time(x.astype(_f32), pad), chunk_size) for x in (k, v, beta))
+  w, u = jax.checkpoint(_write_terms)(kc, vc, bc)  # recomputed in the backward pass
   s, _ = jax.lax.scan(_write_step, s0, (w, u, kc))
   return s
 
