@@ -1,7 +1,7 @@
 """One command for a CUDA GPU: the compiled Pallas GPU (Triton) kernels against their ``jnp`` references and
 against the libraries they replace, as one markdown table.
 
-  python benchmarks/gpu_check.py [--repeats 20] [--frames 16 51 201]
+  python benchmarks/gpu_check.py [--repeats 10] [--frames 16 51]     # add 201 frames where time allows
 
 Rows (times: median of ``--repeats`` runs after ``--warmup`` runs, ``block_until_ready`` /
 ``torch.cuda.synchronize``; ``fwd+bwd`` = gradients of all float inputs):
@@ -14,7 +14,10 @@ Rows (times: median of ``--repeats`` runs after ``--warmup`` runs, ``block_until
   what ``model.attention_impl="cudnn"`` runs) at ``--frames`` latent frames of ``--tokens`` tokens (Wan
   2.2 at 480x832: 390), Wan's 24 heads of 128, bf16;
 - the Pallas delta rule against fla's Triton ``chunk_kda`` in PyTorch (when ``fla`` and CUDA torch import;
-  otherwise the row says why it is skipped).
+  otherwise the row says why it is skipped);
+- Wan2.2-TI2V-5B (``benchmarks/gpu_5b.py``, each in its own process, run first): the backbone's training step
+  (bf16, remat, one device) in jaxwm against diffusers' PyTorch step (time, tokens/s, MFU, peak memory), and
+  streaming at 480x832 with 4 Euler steps (frames per second with and without the VAE's decoding).
 
 Without a GPU it exits at once with one line (exit status 2). A failing row prints its error and the rest
 still run.
@@ -27,6 +30,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the 5B rows' processes need the memory
 
 try:  # torch before jax (an XLA client started first can hang torch's thread pools; see delta_rule.py)
   import torch  # pylint: disable=g-import-not-at-top
@@ -35,6 +41,8 @@ except ImportError:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+import gpu_5b  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def _no_gpu():
@@ -197,9 +205,9 @@ def _guarded(name, fn, *args):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--warmup", type=int, default=3)
-  p.add_argument("--frames", type=int, nargs="+", default=[16, 51, 201])
+  p.add_argument("--frames", type=int, nargs="+", default=[16, 51])
   p.add_argument("--tokens", type=int, default=390, help="tokens per latent frame (Wan at 480x832: 390)")
   p.add_argument("--heads", type=int, default=24)
   p.add_argument("--head-dim", type=int, default=128)
@@ -211,7 +219,9 @@ def main():
   p.add_argument("--delta-dim", type=int, default=128)
   p.add_argument("--smoke", action="store_true", help="CPU check of this script: interpreted kernels, XLA dense "
                  "attention; use with tiny shapes, the numbers mean nothing")
+  gpu_5b.add_args(p)
   a = p.parse_args()
+  gpu_5b.resolve(a)
   global SMOKE  # pylint: disable=global-statement
   SMOKE = a.smoke
   reason = None if a.smoke else _no_gpu()
@@ -222,6 +232,7 @@ def main():
   print(f"{dev.device_kind}, jax {jax.__version__}, torch {getattr(torch, '__version__', '-')}; "
         f"median of {a.repeats} after {a.warmup} warmup")
 
+  five_b = gpu_5b.tables(a)  # first: this process holds no device memory yet
   rows = []
   f, n, h, d = a.check_frames, a.tokens, 4, a.head_dim
   idx, _ = frame_lists(f, a.chunk, a.top_k)
@@ -240,6 +251,7 @@ def main():
   print("| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols))
   for r in rows:
     print("| " + " | ".join(str(x) for x in r) + " |")
+  print("\n" + "\n".join(five_b))
 
 
 if __name__ == "__main__":

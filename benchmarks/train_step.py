@@ -17,6 +17,7 @@ page faults per jaxwm step.
 """
 
 import argparse
+import functools
 import os
 import resource
 import sys
@@ -90,70 +91,104 @@ def _backbone_shapes(config):
   return d.batch_size, seq, lat, 3 * d.latent_stride**2
 
 
-def jaxwm_backbone_step(config):
-  """``(step, (params, opt), tokens)``: the backbone's jitted AdamW step, shapes and work as the torch step (rope3d,
-  dense attention by ``model.attention_impl``, 1-token cross-attention)."""
-  b, s, lat, ch = _backbone_shapes(config)
-  cfg = ModelConfig.from_dict({**config.model, "cross_attn": True, "camera": {"encoding": "rope3d"},
-                               "attention_impl": config.model.attention_impl})
-  model = WanModel(cfg)
-  x = jax.random.normal(jax.random.key(0), (b, s, lat, lat, ch))
-  n_tok = s * (lat // cfg.patch_size[1]) * (lat // cfg.patch_size[2])
-  t = jax.random.uniform(jax.random.key(1), (b, n_tok)) * 1000
-  ctx = jax.random.normal(jax.random.key(2), (b, 1, cfg.text_dim))
-  params = jax.jit(model.init)(jax.random.key(0), x, t, context=ctx)
-  from flax import linen as nn  # pylint: disable=g-import-not-at-top
-  params = nn.unbox(params)
+def backbone_program(model, b, s, lat_hw, ch, text_len=1):
+  """``(step, init, inputs)`` of the backbone's AdamW step on ``[b, s, *lat_hw, ch]`` latents with a
+  ``text_len``-token context, per-token timesteps (as diffusers' Wan2.2), rope3d, dense attention by
+  ``model["attention_impl"]``; ``model``: a ``model`` config dict (its dtype and remat are kept).
+
+  ``step(state, x, t, ctx) -> (state, loss)`` is jitted and donates ``state = (params, adam state)``;
+  ``init(key) -> state``; ``inputs``: the ``ShapeDtypeStruct`` of ``x, t, ctx``.
+  """
+  cfg = ModelConfig.from_dict({**model, "cross_attn": True, "camera": {"encoding": "rope3d"}})
+  net = WanModel(cfg)
+  n_tok = s * (lat_hw[0] // cfg.patch_size[1]) * (lat_hw[1] // cfg.patch_size[2])
+  inputs = tuple(jax.ShapeDtypeStruct(shape, jnp.float32)
+                 for shape in ((b, s, *lat_hw, ch), (b, n_tok), (b, text_len, cfg.text_dim)))
   tx = optax.adamw(1e-4)
 
-  @jax.jit
-  def step(p, o):
-    def loss(p):
-      return jnp.mean(jnp.square(model.apply(p, x, t, context=ctx)[0] - x))
-    g = jax.grad(loss)(p)
-    u, o = tx.update(g, o, p)
-    return optax.apply_updates(p, u), o
+  def init(key):
+    from flax import linen as nn  # pylint: disable=g-import-not-at-top
+    x, t, ctx = (jnp.zeros(a.shape, a.dtype) for a in inputs)
+    params = nn.unbox(net.init(key, x, t, context=ctx))
+    return params, tx.init(params)
 
-  return step, (params, tx.init(params)), b * n_tok
+  @functools.partial(jax.jit, donate_argnums=0)  # the state in place (a 5B state is 60 GB)
+  def step(state, x, t, ctx):
+    p, o = state
+    def loss(p):
+      return jnp.mean(jnp.square(net.apply(p, x, t, context=ctx)[0] - x))
+    value, g = jax.value_and_grad(loss)(p)
+    u, o = tx.update(g, o, p)
+    return (optax.apply_updates(p, u), o), value
+
+  return step, init, inputs
+
+
+def backbone_step(model, b, s, lat_hw, ch, text_len=1):
+  """``(step, args, tokens)``: :func:`backbone_program`'s step, its arguments (a fresh state and random inputs;
+  timesteps in 0..1000) and the tokens it processes."""
+  step, init, (xs, ts, cs) = backbone_program(model, b, s, lat_hw, ch, text_len)
+  x = jax.random.normal(jax.random.key(0), xs.shape)
+  t = jax.random.uniform(jax.random.key(1), ts.shape) * 1000
+  ctx = jax.random.normal(jax.random.key(2), cs.shape)
+  return step, (jax.jit(init)(jax.random.key(0)), x, t, ctx), ts.size
+
+
+def jaxwm_backbone_step(config):
+  """:func:`backbone_step` at the shapes and work of :func:`torch_step` for ``config`` (1-token context)."""
+  b, s, lat, ch = _backbone_shapes(config)
+  return backbone_step(dict(config.model), b, s, (lat, lat), ch)
 
 
 def bench_jaxwm_backbone(config, steps):
   """Backbone only (:func:`jaxwm_backbone_step`): seconds per step and tokens."""
-  step, (params, opt), tokens = jaxwm_backbone_step(config)
-  params, opt = step(params, opt)
-  jax.block_until_ready(params)
+  step, (state, *inputs), tokens = jaxwm_backbone_step(config)
+  state, _ = step(state, *inputs)
+  jax.block_until_ready(state)
   t0 = time.perf_counter()
   for _ in range(steps):
-    params, opt = step(params, opt)
-  jax.block_until_ready(params)
+    state, _ = step(state, *inputs)
+  jax.block_until_ready(state)
   return (time.perf_counter() - t0) / steps, tokens
 
 
-def torch_step(config, threads):
-  """``(step, tokens)``: one AdamW step of diffusers' ``WanTransformer3DModel`` at the backbone's shapes (a closure
-  over the model, optimiser and fixed inputs), and the tokens it processes."""
+def torch_backbone_step(model, b, s, lat_hw, ch, text_len=1, device="cpu", bf16=False, checkpointing=False):
+  """``(step, tokens)``: one AdamW step of diffusers' ``WanTransformer3DModel`` with ``model``'s shape (float32
+  parameters; ``bf16``: under ``torch.autocast``; ``checkpointing``: diffusers' gradient checkpointing) at
+  :func:`backbone_step`'s shapes, on ``device``: a closure over the model, optimiser and fixed inputs."""
   import torch  # pylint: disable=g-import-not-at-top
   from diffusers import WanTransformer3DModel  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(threads)
-  b, s, lat, ch = _backbone_shapes(config)
-  m = config.model
-  model = WanTransformer3DModel(patch_size=tuple(m.patch_size), num_attention_heads=m.num_heads,
-                                attention_head_dim=m.dim // m.num_heads, in_channels=ch, out_channels=ch,
-                                text_dim=m.text_dim, freq_dim=m.freq_dim, ffn_dim=m.ffn_dim, num_layers=m.num_layers,
-                                cross_attn_norm=True, rope_max_seq_len=256).float()
-  opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-  x = torch.randn(b, ch, s, lat, lat)
-  n_tok = s * (lat // m.patch_size[1]) * (lat // m.patch_size[2])
-  t = torch.rand(b, n_tok) * 1000
-  ctx = torch.randn(b, 1, m.text_dim)
+  m = model
+  with torch.device(device):  # parameters made where they live (5B on a GPU: no 20 GB host copy)
+    net = WanTransformer3DModel(patch_size=tuple(m["patch_size"]), num_attention_heads=m["num_heads"],
+                                attention_head_dim=m["dim"] // m["num_heads"], in_channels=ch, out_channels=ch,
+                                text_dim=m["text_dim"], freq_dim=m["freq_dim"], ffn_dim=m["ffn_dim"],
+                                num_layers=m["num_layers"], cross_attn_norm=True, eps=m["eps"],
+                                rope_max_seq_len=256).float()
+  if checkpointing:
+    net.enable_gradient_checkpointing()
+  opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=torch.device(device).type == "cuda")
+  x = torch.randn(b, ch, s, *lat_hw, device=device)
+  n_tok = s * (lat_hw[0] // m["patch_size"][1]) * (lat_hw[1] // m["patch_size"][2])
+  t = torch.rand(b, n_tok, device=device) * 1000
+  ctx = torch.randn(b, text_len, m["text_dim"], device=device)
 
   def step():
     opt.zero_grad(set_to_none=True)
-    out = model(hidden_states=x, timestep=t, encoder_hidden_states=ctx, return_dict=False)[0]
-    torch.mean((out - x) ** 2).backward()
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+      out = net(hidden_states=x, timestep=t, encoder_hidden_states=ctx, return_dict=False)[0]
+    torch.mean((out.float() - x) ** 2).backward()
     opt.step()
 
   return step, b * n_tok
+
+
+def torch_step(config, threads):
+  """:func:`torch_backbone_step` on the CPU with ``threads`` threads at :func:`jaxwm_backbone_step`'s shapes."""
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(threads)
+  b, s, lat, ch = _backbone_shapes(config)
+  return torch_backbone_step(dict(config.model), b, s, (lat, lat), ch)
 
 
 def bench_torch(config, steps, threads):
@@ -209,8 +244,6 @@ def main():
   rate = matmul_rate()
   print(f"backend {jax.default_backend()}, {os.cpu_count()} cpus; measured float32 matmul rate "
         f"{rate / 1e9:.1f} GFLOP/s (2048^3); huge pages for malloc: {'on' if hugepages.enabled() else 'off'}")
-  print(f"{'config':>7} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} | "
-        f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9} | {'faults/step':>11}")
   from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
   impls = [i for i in args.attention_impls.split(",") if i]
   bad = [i for i in impls if i not in ATTENTION_IMPLS]
@@ -221,6 +254,10 @@ def main():
   bad = [r for r in remats if r not in REMAT_POLICIES]
   if bad:
     p.error(f"--remat: {bad} not among {REMAT_POLICIES}")
+  width = max(len(n) + sum(len(x) + 2 for x in (max(impls, key=len, default=""), max(remats, key=len, default=""))
+                           if x) for n in names)
+  print(f"{'config':>{width}} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} | "
+        f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9} | {'faults/step':>11}")
   for name in names:
     torch_dt = None
     for impl, remat in [(i, r) for i in impls or [None] for r in remats or [None]]:
@@ -239,7 +276,7 @@ def main():
       cfg = ModelConfig.from_dict(config.model)
       n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
       label = name + "".join(f"[{x}]" for x in (impl, remat) if x is not None)
-      print(f"{label:>7} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
+      print(f"{label:>{width}} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
             f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
             f"{tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)
   print("MFU = XLA-counted FLOPs of the step / step time / measured matmul rate; "

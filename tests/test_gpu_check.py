@@ -1,0 +1,55 @@
+"""``benchmarks/gpu_check.py``'s Wan2.2-TI2V-5B rows (``benchmarks/gpu_5b.py``) without a GPU: the full-size training
+step lowers for CUDA, both frameworks' steps run at the smoke width, and GPU names map to their peaks."""
+
+import argparse
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def gpu_5b():
+  sys.path.insert(0, str(BENCH))
+  spec = importlib.util.spec_from_file_location("gpu_5b", BENCH / "gpu_5b.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _args(mod, *argv):
+  p = argparse.ArgumentParser()
+  mod.add_args(p)
+  p.add_argument("--smoke", action="store_true")
+  p.add_argument("--lower", action="store_true")
+  a = p.parse_args(list(argv))
+  mod.resolve(a)
+  return a
+
+
+def test_the_5b_training_step_lowers_for_cuda(gpu_5b):
+  out = gpu_5b.lower(_args(gpu_5b, "--lower"))
+  assert out["platforms"] == ["cuda"]
+  assert 4.9e9 < out["parameters"] < 5.1e9  # Wan2.2-TI2V-5B's transformer
+  assert out["stablehlo_chars"] > 10_000
+
+
+def test_both_training_steps_run_at_the_smoke_width(gpu_5b):
+  a = _args(gpu_5b, "--smoke", "--train-frames", "2", "--train-repeats", "1")
+  assert a.attention_impl == "xla_lse"
+  jx, tc = gpu_5b.train_jax(a), gpu_5b.train_torch(a)
+  tokens = 2 * 4 * 6 // 4  # 2 frames of 4x6 latents, patch 2x2
+  for r in (jx, tc):
+    assert r["tokens"] == tokens and r["s"] > 0
+    assert r["flops"] == jx["flops"] > 0
+
+
+def test_gpu_names_map_to_their_bf16_peaks(gpu_5b):
+  assert gpu_5b.peak_flops("NVIDIA H200") == 989.4e12
+  assert gpu_5b.peak_flops("NVIDIA H100 PCIe") == 756e12  # before the SXM part's "H100"
+  assert gpu_5b.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+  assert gpu_5b.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+  assert gpu_5b.peak_flops("Some GPU") is None
