@@ -29,8 +29,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root (configs/)
 
 PARTS = ("train-jax", "train-torch", "stream")
 FULL = {"lat_hw": (30, 52), "text_len": 512}  # 480x832 through Wan2.2's VAE (stride 16); umT5's 512 tokens

@@ -13,11 +13,17 @@ BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def gpu_5b():
+  """The module, with ``benchmarks/`` on ``sys.path`` for its sibling imports while this file's tests run only:
+  left there, ``benchmarks/encodings.py`` would shadow the standard library's ``encodings`` in subprocesses."""
+  saved = list(sys.path)
   sys.path.insert(0, str(BENCH))
-  spec = importlib.util.spec_from_file_location("gpu_5b", BENCH / "gpu_5b.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  try:
+    spec = importlib.util.spec_from_file_location("gpu_5b", BENCH / "gpu_5b.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    yield mod
+  finally:
+    sys.path[:] = saved
 
 
 def _args(mod, *argv):
