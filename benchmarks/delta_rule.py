@@ -16,7 +16,6 @@ import argparse
 import functools
 import importlib.util
 import pathlib
-import time
 
 try:  # torch before jax: imported after XLA's CPU client has started, it can deadlock the next compile
   import torch  # pylint: disable=g-import-not-at-top
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxwm.ops import delta_rule as dr
-from timing import interleaved_best  # benchmarks/timing.py
+from timing import interleaved_best, run_times  # benchmarks/timing.py
 
 
 def _fla_naive():
@@ -54,13 +53,7 @@ def _inputs(t, h, d, seed=0):
 
 
 def _best(fn, repeats):
-  fn()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return min(times)
+  return min(run_times(fn, repeats))
 
 
 

@@ -58,14 +58,8 @@ def model_dict(smoke, attention_impl):
 
 
 def _median_s(fn, repeats, warmup=1):
-  for _ in range(warmup):
-    fn()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  from timing import run_times  # pylint: disable=g-import-not-at-top
+  return statistics.median(run_times(fn, repeats, warmup))
 
 
 def _flops(model, tokens, text_len):

@@ -27,7 +27,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,6 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gpu_5b  # noqa: E402  pylint: disable=g-import-not-at-top
+from timing import run_times  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def _no_gpu():
@@ -56,14 +56,7 @@ def _no_gpu():
 
 
 def _median_ms(fn, repeats, warmup):
-  for _ in range(warmup):
-    fn()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return 1e3 * statistics.median(times)
+  return 1e3 * statistics.median(run_times(fn, repeats, warmup))
 
 
 def _jax_timer(fn, args):

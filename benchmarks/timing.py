@@ -16,3 +16,15 @@ def interleaved_best(fns, repeats):
       fn()
       times[k].append(time.perf_counter() - t0)
   return {k: min(v) for k, v in times.items()}
+
+
+def run_times(fn, repeats, warmup=1):
+  """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls."""
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return times
