@@ -69,10 +69,17 @@ def _flops(model, tokens, text_len):
   from jaxwm.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
   from jaxwm.training.compile_only import model_flops  # pylint: disable=g-import-not-at-top
   import train_step as ts  # pylint: disable=g-import-not-at-top
+  model = {**model, "attention_impl": "xla"}  # the same FLOPs; traced without a GPU's cuDNN
   cfg = ModelConfig.from_dict({**model, "cross_attn": True, "camera": {"encoding": "rope3d"}})
-  _, init, _ = ts.backbone_program(dict(model), 1, 1, cfg.patch_size[1:], cfg.in_channels, 1)
-  params, _ = jax.eval_shape(init, jax.random.key(0))
+  _, init, _ = ts.backbone_program(model, 1, 1, cfg.patch_size[1:], cfg.in_channels, 1)
+  params, _ = jax.eval_shape(lambda: init(jax.random.key(0)))  # abstract: nothing on any device
   return 3.0 * model_flops(cfg, params["params"], tokens, tokens, context=text_len, backward=False)
+
+
+def _memory(stats):
+  """Peak and limit (GiB) from a jax device's ``memory_stats()`` (NaN where the backend keeps none)."""
+  nan = float("nan")
+  return {"peak_gib": stats.get("peak_bytes_in_use", nan) / 2**30, "limit_gib": stats.get("bytes_limit", nan) / 2**30}
 
 
 def train_jax(a):
@@ -96,7 +103,7 @@ def train_jax(a):
   dev = jax.devices()[0]
   stats = dev.memory_stats() or {}
   return {"s": dt, "tokens": tokens, "flops": _flops(model, tokens, shapes["text_len"]), "device": dev.device_kind,
-          "peak_gib": stats.get("peak_bytes_in_use", float("nan")) / 2**30, "first_s": first}
+          "first_s": first, **_memory(stats)}
 
 
 def train_torch(a):
@@ -120,7 +127,8 @@ def train_torch(a):
   cuda = device == "cuda"
   return {"s": dt, "tokens": tokens, "flops": _flops(model, tokens, shapes["text_len"]), "first_s": first,
           "device": torch.cuda.get_device_name() if cuda else "cpu",
-          "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")}
+          "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+          "limit_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else float("nan")}
 
 
 def stream(a):
@@ -176,8 +184,7 @@ def stream(a):
   dev = jax.devices()[0]
   stats = dev.memory_stats() or {}
   return {"dit_s": float(np.median(dit)), "vae_s": float(statistics.median(vae_times)), "video_frames": 4 * chunk,
-          "slots": policy.capacity, "device": dev.device_kind,
-          "peak_gib": stats.get("peak_bytes_in_use", float("nan")) / 2**30}
+          "slots": policy.capacity, "device": dev.device_kind, **_memory(stats)}
 
 
 def lower(a):
@@ -194,17 +201,39 @@ def lower(a):
   return {"parameters": n, "platforms": list(exp.platforms), "stablehlo_chars": len(exp.mlir_module())}
 
 
+def _child_env(part):
+  """The environment of a part's process: the jax parts may take 95% of the GPU (jax's default cap is 75%, with or
+  without preallocation); the torch part keeps jax off the GPU (it only counts FLOPs)."""
+  env = dict(os.environ)
+  if part == "train-torch":
+    env["JAX_PLATFORMS"] = "cpu"
+  else:
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+  return env
+
+
+def _error_line(text):
+  """The last line of ``text`` that names an error (else its last line), fit for a markdown cell."""
+  lines = [l.strip() for l in text.strip().splitlines() if l.strip()] or ["no output"]
+  named = [l for l in lines if "Error" in l or "error" in l]
+  return (named or lines)[-1][:240].replace("|", "/")
+
+
 def run_part(part, a):
-  """Runs ``part`` in a child process; its result dict, or ``{"error": ...}``."""
+  """Runs ``part`` in a child process (at most ``--part-timeout`` seconds); its result dict, or ``{"error": ...}``."""
   cmd = [sys.executable, os.path.abspath(__file__), "--part", part, "--train-frames", str(a.train_frames),
          "--train-repeats", str(a.train_repeats), "--stream-chunk", str(a.stream_chunk), "--stream-chunks",
          str(a.stream_chunks), "--stream-steps", str(a.stream_steps), "--attention-impl", a.attention_impl]
   cmd += ["--smoke"] if a.smoke else []
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_child_env(part),
+                          timeout=a.part_timeout)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {a.part_timeout} s (--part-timeout)"}
   lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
   if proc.returncode or not lines:
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": f"exit {proc.returncode}: {tail[:200]}"}
+    return {"error": f"exit {proc.returncode}: {_error_line(proc.stderr)}"}
   return json.loads(lines[-1])
 
 
@@ -212,12 +241,20 @@ def _fmt(value, spec, unit=""):
   return "-" if value is None or value != value else f"{value:{spec}}{unit}"  # None or NaN: not measured
 
 
+def _mem(r):
+  """``peak of limit`` GiB, ``-`` where the device keeps no statistics (the CPU)."""
+  if r["peak_gib"] != r["peak_gib"]:
+    return "-"
+  return f"{r['peak_gib']:.1f} of {_fmt(r['limit_gib'], '.1f')} GiB"
+
+
 def tables(a):
-  """Two markdown tables (lines): the training step in torch and jaxwm, and streaming."""
+  """Two markdown tables, yielded line by line as their rows are measured: the training step in torch and jaxwm,
+  and streaming."""
   shapes = SMOKE if a.smoke else FULL
   lh, lw = shapes["lat_hw"]
   where = "width 64, 2 layers (smoke)" if a.smoke else "5B"
-  out = [f"Wan2.2-TI2V-5B backbone training step ({where}; 1 x {a.train_frames} latent frames of {lh}x{lw}, "
+  yield from [f"Wan2.2-TI2V-5B backbone training step ({where}; 1 x {a.train_frames} latent frames of {lh}x{lw}, "
          f"{a.train_frames * lh * lw // 4} tokens, text {shapes['text_len']}; bf16 compute, float32 AdamW, every "
          f"layer rematerialised; jaxwm attention {a.attention_impl}; median of {a.train_repeats}):", "",
          "| framework | ms / step | tokens/s | MFU (bf16 peak) | peak device memory | first step (s) | error |",
@@ -226,44 +263,51 @@ def tables(a):
   for name, part in (("diffusers (torch)", "train-torch"), ("jaxwm", "train-jax")):
     r = run_part(part, a)
     if "error" in r:
-      out.append(f"| {name} | - | - | - | - | - | {r['error']} |")
+      yield f"| {name} | - | - | - | - | - | {r['error']} |"
       continue
     times[name] = r["s"]
     peak = peak_flops(r["device"])
     mfu = r["flops"] / r["s"] / peak if peak else None
-    out.append(f"| {name} | {r['s'] * 1e3:.1f} | {r['tokens'] / r['s']:.0f} | {_fmt(mfu, '.1%')} | "
-               f"{_fmt(r['peak_gib'], '.1f', ' GiB')} | {r['first_s']:.1f} | - |")
+    yield (f"| {name} | {r['s'] * 1e3:.1f} | {r['tokens'] / r['s']:.0f} | {_fmt(mfu, '.1%')} | "
+           f"{_mem(r)} | {r['first_s']:.1f} | - |")
   if len(times) == 2:
-    out += ["", f"torch / jaxwm step time: {times['diffusers (torch)'] / times['jaxwm']:.2f}x (> 1: jaxwm faster)"]
-  out += ["", f"Streaming ({where}, {lh * 16}x{lw * 16}, chunks of {a.stream_chunk} latent frames = "
+    yield from ["", f"torch / jaxwm step time: {times['diffusers (torch)'] / times['jaxwm']:.2f}x (> 1: jaxwm "
+                    "faster)"]
+  yield from ["", f"Streaming ({where}, {lh * 16}x{lw * 16}, chunks of {a.stream_chunk} latent frames = "
           f"{4 * a.stream_chunk} video frames, {a.stream_steps} Euler steps, window memory; median over chunks "
           f"3-{a.stream_chunks}):", "",
           "| DiT ms / chunk | VAE decode ms / chunk | frames/s, DiT | frames/s, DiT + decode | cache slots | "
           "peak device memory | error |", "| --- | --- | --- | --- | --- | --- | --- |"]
   st = run_part("stream", a)
   if "error" in st:
-    out.append(f"| - | - | - | - | - | - | {st['error']} |")
+    yield f"| - | - | - | - | - | - | {st['error']} |"
   else:
     n = st["video_frames"]
-    out.append(f"| {st['dit_s'] * 1e3:.1f} | {st['vae_s'] * 1e3:.1f} | {n / st['dit_s']:.1f} | "
-               f"{n / (st['dit_s'] + st['vae_s']):.1f} | {st['slots']} | {_fmt(st['peak_gib'], '.1f', ' GiB')} | - |")
-  return out
+    yield (f"| {st['dit_s'] * 1e3:.1f} | {st['vae_s'] * 1e3:.1f} | {n / st['dit_s']:.1f} | "
+           f"{n / (st['dit_s'] + st['vae_s']):.1f} | {st['slots']} | {_mem(st)} | - |")
 
 
 def add_args(p):
   p.add_argument("--train-frames", type=int, default=21, help="latent frames of the training step (21: 81 frames)")
   p.add_argument("--train-repeats", type=int, default=3)
   p.add_argument("--stream-chunk", type=int, default=2, help="latent frames per streamed chunk")
-  p.add_argument("--stream-chunks", type=int, default=8)
+  p.add_argument("--stream-chunks", type=int, default=8, help="chunks streamed (>= 3: the first two compile)")
   p.add_argument("--stream-steps", type=int, default=4)
+  p.add_argument("--part-timeout", type=int, default=240, help="seconds each 5B row's process may run")
   p.add_argument("--attention-impl", default=None,
                  help="jaxwm's model.attention_impl for the 5B rows (default: cudnn; xla_lse with --smoke or --lower)")
 
 
-def resolve(a):
-  """Fills the defaults that depend on ``--smoke``."""
+def resolve(a, error):
+  """Checks the 5B rows' arguments (``error(message)`` exits, as ``ArgumentParser.error``) and fills the defaults
+  that depend on ``--smoke`` / ``--lower`` (arguments ``gpu_check.py`` may not have)."""
+  if a.stream_chunks < 3:
+    error(f"--stream-chunks: {a.stream_chunks}; needs >= 3 (the first two chunks compile and are not timed)")
+  for name in ("train_frames", "train_repeats", "stream_chunk", "stream_steps", "part_timeout"):
+    if getattr(a, name) < 1:
+      error(f"--{name.replace('_', '-')}: {getattr(a, name)} is not a positive integer")
   if a.attention_impl is None:  # jax traces cuDNN attention only where it finds cuDNN, so not for --lower here
-    a.attention_impl = "xla_lse" if a.smoke or a.lower else "cudnn"
+    a.attention_impl = "xla_lse" if getattr(a, "smoke", False) or getattr(a, "lower", False) else "cudnn"
 
 
 def main():
@@ -273,14 +317,15 @@ def main():
   p.add_argument("--smoke", action="store_true")
   p.add_argument("--lower", action="store_true")
   a = p.parse_args()
-  resolve(a)
+  resolve(a, p.error)
   if a.part:
     print(json.dumps({"train-jax": train_jax, "train-torch": train_torch, "stream": stream}[a.part](a)))
     return
   if a.lower:
     print(json.dumps(lower(a)))
     return
-  print("\n".join(tables(a)))
+  for line in tables(a):
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ Rows (times: median of ``--repeats`` runs after ``--warmup`` runs, ``block_until
   streaming at 480x832 with 4 Euler steps (frames per second with and without the VAE's decoding).
 
 Without a GPU it exits at once with one line (exit status 2). A failing row prints its error and the rest
-still run.
+still run; every row is printed as soon as it is measured (the 5B tables first), so a run cut short keeps what
+it measured. Each 5B row's process stops after ``--part-timeout`` seconds.
 """
 
 import argparse
@@ -213,7 +214,7 @@ def main():
                  "attention; use with tiny shapes, the numbers mean nothing")
   gpu_5b.add_args(p)
   a = p.parse_args()
-  gpu_5b.resolve(a)
+  gpu_5b.resolve(a, p.error)
   global SMOKE  # pylint: disable=global-statement
   SMOKE = a.smoke
   reason = None if a.smoke else _no_gpu()
@@ -222,28 +223,29 @@ def main():
     sys.exit(2)
   dev = jax.devices()[0]
   print(f"{dev.device_kind}, jax {jax.__version__}, torch {getattr(torch, '__version__', '-')}; "
-        f"median of {a.repeats} after {a.warmup} warmup")
+        f"median of {a.repeats} after {a.warmup} warmup\n", flush=True)
 
-  five_b = gpu_5b.tables(a)  # first: this process holds no device memory yet
-  rows = []
+  for line in gpu_5b.tables(a):  # first, while this process holds no device memory; printed as measured
+    print(line, flush=True)
+  cols = ["case", "shape", "A", "B", "A ms", "B ms", "speed-up A/B", "max rel err (out)", "max rel err (grads)"]
+  print("\n| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols), flush=True)
+
+  def show(rows):
+    for r in rows:
+      print("| " + " | ".join(str(x) for x in r) + " |", flush=True)
+
   f, n, h, d = a.check_frames, a.tokens, 4, a.head_dim
   idx, _ = frame_lists(f, a.chunk, a.top_k)
   keys = jax.random.split(jax.random.key(0), 3)
   qkv = [jax.random.normal(kk, (1, f * n, h, d), jnp.float32) for kk in keys]
-  rows += _guarded("frame-sparse kernel", kernel_vs_reference, "frame-sparse", f"F={f} x {n} tok, {h}x{d}, f32",
-                   lambda impl: _frame_sparse(impl, n), (*qkv, jnp.asarray(idx)), (0, 1, 2), a)
+  show(_guarded("frame-sparse kernel", kernel_vs_reference, "frame-sparse", f"F={f} x {n} tok, {h}x{d}, f32",
+                lambda impl: _frame_sparse(impl, n), (*qkv, jnp.asarray(idx)), (0, 1, 2), a))
   xs = [jnp.asarray(x) for x in _delta_inputs(a.delta_len, a.delta_heads, a.delta_dim)]
-  rows += _guarded("delta-rule kernel", kernel_vs_reference, "delta rule",
-                   f"T={a.delta_len}, H={a.delta_heads}, K=V={a.delta_dim}, f32", _delta, xs, tuple(range(5)), a)
+  show(_guarded("delta-rule kernel", kernel_vs_reference, "delta rule",
+                f"T={a.delta_len}, H={a.delta_heads}, K=V={a.delta_dim}, f32", _delta, xs, tuple(range(5)), a))
   for frames in a.frames:
-    rows += _guarded(f"frame-sparse vs cuDNN F={frames}", sparse_vs_cudnn, frames, a)
-  rows += _guarded("delta rule vs fla", delta_vs_fla, a)
-
-  cols = ["case", "shape", "A", "B", "A ms", "B ms", "speed-up A/B", "max rel err (out)", "max rel err (grads)"]
-  print("| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols))
-  for r in rows:
-    print("| " + " | ".join(str(x) for x in r) + " |")
-  print("\n" + "\n".join(five_b))
+    show(_guarded(f"frame-sparse vs cuDNN F={frames}", sparse_vs_cudnn, frames, a))
+  show(_guarded("delta rule vs fla", delta_vs_fla, a))
 
 
 if __name__ == "__main__":

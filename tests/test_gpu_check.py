@@ -32,7 +32,7 @@ def _args(mod, *argv):
   p.add_argument("--smoke", action="store_true")
   p.add_argument("--lower", action="store_true")
   a = p.parse_args(list(argv))
-  mod.resolve(a)
+  mod.resolve(a, p.error)
   return a
 
 
@@ -59,3 +59,27 @@ def test_gpu_names_map_to_their_bf16_peaks(gpu_5b):
   assert gpu_5b.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
   assert gpu_5b.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
   assert gpu_5b.peak_flops("Some GPU") is None
+
+
+def test_without_a_gpu_the_check_exits_with_one_line():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  out = subprocess.run([sys.executable, str(BENCH / "gpu_check.py")], capture_output=True, text=True, timeout=120,
+                       check=False, env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines()[-1].startswith("gpu_check: no CUDA GPU: jax's backend is 'cpu'")
+  assert not out.stdout
+
+
+def test_bad_5b_arguments_are_refused_naming_them(gpu_5b, capsys):
+  for argv, message in ((("--stream-chunks", "2"), "--stream-chunks: 2; needs >= 3"),
+                        (("--train-frames", "0"), "--train-frames: 0 is not a positive integer")):
+    with pytest.raises(SystemExit):
+      _args(gpu_5b, *argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_5b_row_past_its_timeout_becomes_an_error_row(gpu_5b):
+  a = _args(gpu_5b, "--smoke", "--part-timeout", "1")
+  assert gpu_5b.run_part("train-jax", a) == {"error": "timed out after 1 s (--part-timeout)"}
+  lines = list(gpu_5b.tables(a))
+  assert sum("timed out after 1 s" in line for line in lines) == 3  # torch, jaxwm, streaming
