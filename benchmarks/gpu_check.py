@@ -19,6 +19,9 @@ Rows (times: median of ``--repeats`` runs after ``--warmup`` runs, ``block_until
   (bf16, remat, one device) in jaxwm against diffusers' PyTorch step (time, tokens/s, MFU, peak memory), and
   streaming at 480x832 with 4 Euler steps (frames per second with and without the VAE's decoding).
 
+On the lent GPU machine, whose image lacks diffusers, ml_collections and fla: ``benchmarks/gpu_wheels.sh`` here
+first (BENCHMARKS.md, "Ready for the first lent GPU", gives the device command).
+
 Without a GPU it exits at once with one line (exit status 2). A failing row prints its error and the rest
 still run; every row is printed as soon as it is measured (the 5B tables first), so a run cut short keeps what
 it measured. Each 5B row's process stops after ``--part-timeout`` seconds.

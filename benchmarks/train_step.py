@@ -35,7 +35,6 @@ from jaxwm.training.sharding import resolve_batch_size  # noqa: E402
 from jaxwm.models.config import ModelConfig  # noqa: E402
 from jaxwm.models.transformer import WanModel  # noqa: E402
 from jaxwm.training import sharding as sh  # noqa: E402
-from jaxwm.training.loop import Trainer  # noqa: E402
 from jaxwm.utils import hugepages  # noqa: E402
 
 
@@ -52,6 +51,7 @@ def matmul_rate(n=2048, repeats=10):
 
 def jaxwm_train_step(config, workdir="/tmp/jaxwm_bench"):
   """``(trainer, state, batch, key)``: the real train step's pieces on one device, a random batch."""
+  from jaxwm.training.loop import Trainer  # pylint: disable=g-import-not-at-top  (grain: not needed by the backbone)
   tr = Trainer(config, workdir, mesh=sh.make_mesh(1, 1, jax.devices()[:1]))
   state = tr.init_state()
   rng = np.random.default_rng(0)
