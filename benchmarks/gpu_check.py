@@ -2,6 +2,7 @@
 against the libraries they replace, as one markdown table.
 
   python benchmarks/gpu_check.py [--repeats 10] [--frames 16 51]     # add 201 frames where time allows
+  python benchmarks/gpu_check.py --lower      # here, no GPU: every program that lowers for CUDA without one
 
 Rows (times: median of ``--repeats`` runs after ``--warmup`` runs, ``block_until_ready`` /
 ``torch.cuda.synchronize``; ``fwd+bwd`` = gradients of all float inputs):
@@ -199,7 +200,34 @@ def _guarded(name, fn, *args):
     return [[name, "-", "-", "-", "-", "-", f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}", "-", "-"]]
 
 
-def main():
+def lowered_for_cuda(a):
+  """``{program: StableHLO characters}``, nothing run: the kernel rows' programs at this run's shapes (the Pallas
+  GPU kernels and their ``jnp`` references, forward and gradients) exported for CUDA for an abstract H200 (jax 0.11
+  lowers Triton kernels on a host without a GPU only for a named one), and the 5B training step
+  (:func:`gpu_5b.lower`). The cuDNN programs are left out: jax traces them only where it finds cuDNN."""
+  from jax import export  # pylint: disable=g-import-not-at-top
+  from jax.sharding import AbstractDevice, AbstractMesh  # pylint: disable=g-import-not-at-top
+  h200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind="NVIDIA H200", num_cores=132,
+                                                                    platform="gpu"))
+  f, n, d = a.check_frames, a.tokens, a.head_dim
+  q = jax.ShapeDtypeStruct((1, f * n, 4, d), jnp.float32)
+  idx = jax.ShapeDtypeStruct((1, f, a.chunk + a.top_k), jnp.int32)
+  x = jax.ShapeDtypeStruct((1, a.delta_len, a.delta_heads, a.delta_dim), jnp.float32)
+  beta = jax.ShapeDtypeStruct((1, a.delta_len, a.delta_heads), jnp.float32)
+  triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+  out = {}
+  for impl in ("pallas_gpu", "xla"):
+    for name, fn, args, argnums in (("frame-sparse", _frame_sparse(impl, n), (q, q, q, idx), (0, 1, 2)),
+                                    ("delta rule", _delta(impl), (x, x, x, x, beta), tuple(range(5)))):
+      for label, g in (("fwd", fn), ("fwd+bwd", _grads(fn, argnums))):
+        with jax.sharding.use_abstract_mesh(h200):
+          exp = export.export(jax.jit(g), platforms=["cuda"], disabled_checks=[triton])(*args)
+        out[f"{name} {impl} {label}"] = len(exp.mlir_module())
+  out["5B train step"] = gpu_5b.lower(a)["stablehlo_chars"]
+  return out
+
+
+def build_parser():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--warmup", type=int, default=3)
@@ -215,11 +243,22 @@ def main():
   p.add_argument("--delta-dim", type=int, default=128)
   p.add_argument("--smoke", action="store_true", help="CPU check of this script: interpreted kernels, XLA dense "
                  "attention; use with tiny shapes, the numbers mean nothing")
+  p.add_argument("--lower", action="store_true", help="no GPU needed: lower every program that can be lowered "
+                 "for CUDA on this host (kernels for an abstract H200, the 5B step) and print their sizes")
   gpu_5b.add_args(p)
+  return p
+
+
+def main():
+  p = build_parser()
   a = p.parse_args()
   gpu_5b.resolve(a, p.error)
   global SMOKE  # pylint: disable=global-statement
   SMOKE = a.smoke
+  if a.lower:
+    for name, size in lowered_for_cuda(a).items():
+      print(f"{name}: lowered for CUDA, {size} characters of StableHLO", flush=True)
+    return
   reason = None if a.smoke else _no_gpu()
   if reason:
     sys.stderr.write(f"gpu_check: no CUDA GPU: {reason}; run it where jax[cuda] sees a GPU\n")

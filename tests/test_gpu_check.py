@@ -11,6 +11,13 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
 @pytest.fixture(scope="module")
 def gpu_5b():
   """The module, with ``benchmarks/`` on ``sys.path`` for its sibling imports while this file's tests run only:
@@ -18,10 +25,7 @@ def gpu_5b():
   saved = list(sys.path)
   sys.path.insert(0, str(BENCH))
   try:
-    spec = importlib.util.spec_from_file_location("gpu_5b", BENCH / "gpu_5b.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
+    yield _load("gpu_5b")
   finally:
     sys.path[:] = saved
 
@@ -83,3 +87,14 @@ def test_a_5b_row_past_its_timeout_becomes_an_error_row(gpu_5b):
   assert gpu_5b.run_part("train-jax", a) == {"error": "timed out after 1 s (--part-timeout)"}
   lines = list(gpu_5b.tables(a))
   assert sum("timed out after 1 s" in line for line in lines) == 3  # torch, jaxwm, streaming
+
+
+def test_every_program_that_can_lowers_for_cuda_here(gpu_5b):
+  gpu_check = _load("gpu_check")  # while gpu_5b's fixture has benchmarks/ on sys.path
+  a = gpu_check.build_parser().parse_args(["--lower", "--check-frames", "3", "--tokens", "16", "--head-dim", "32",
+                                           "--delta-len", "64", "--delta-heads", "2", "--delta-dim", "32"])
+  gpu_5b.resolve(a, pytest.fail)
+  sizes = gpu_check.lowered_for_cuda(a)
+  expected = {f"{name} {impl} {label}" for name in ("frame-sparse", "delta rule") for impl in ("pallas_gpu", "xla")
+              for label in ("fwd", "fwd+bwd")} | {"5B train step"}
+  assert set(sizes) == expected and min(sizes.values()) > 1000
