@@ -243,6 +243,7 @@ def build_parser():
   p.add_argument("--delta-dim", type=int, default=128)
   p.add_argument("--smoke", action="store_true", help="CPU check of this script: interpreted kernels, XLA dense "
                  "attention; use with tiny shapes, the numbers mean nothing")
+  p.add_argument("--skip-5b", action="store_true", help="the kernel rows only (the 5B rows: benchmarks/gpu_5b.py)")
   p.add_argument("--lower", action="store_true", help="no GPU needed: lower every program that can be lowered "
                  "for CUDA on this host (kernels for an abstract H200, the 5B step) and print their sizes")
   gpu_5b.add_args(p)
@@ -267,7 +268,7 @@ def main():
   print(f"{dev.device_kind}, jax {jax.__version__}, torch {getattr(torch, '__version__', '-')}; "
         f"median of {a.repeats} after {a.warmup} warmup\n", flush=True)
 
-  for line in gpu_5b.tables(a):  # first, while this process holds no device memory; printed as measured
+  for line in [] if a.skip_5b else gpu_5b.tables(a):  # first, while this process holds no device memory
     print(line, flush=True)
   cols = ["case", "shape", "A", "B", "A ms", "B ms", "speed-up A/B", "max rel err (out)", "max rel err (grads)"]
   print("\n| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols), flush=True)

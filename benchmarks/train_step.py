@@ -106,9 +106,10 @@ def backbone_program(model, b, s, lat_hw, ch, text_len=1):
                  for shape in ((b, s, *lat_hw, ch), (b, n_tok), (b, text_len, cfg.text_dim)))
   tx = optax.adamw(1e-4)
 
-  def init(key):
+  def init(key):  # on one frame and one context token: the parameters do not depend on the lengths
     from flax import linen as nn  # pylint: disable=g-import-not-at-top
-    x, t, ctx = (jnp.zeros(a.shape, a.dtype) for a in inputs)
+    per_frame = n_tok // s
+    x, t, ctx = jnp.zeros((b, 1, *lat_hw, ch)), jnp.zeros((b, per_frame)), jnp.zeros((b, 1, cfg.text_dim))
     params = nn.unbox(net.init(key, x, t, context=ctx))
     return params, tx.init(params)
 
