@@ -15,7 +15,8 @@ and one line in its row of :data:`IMPLEMENTATIONS` (or :func:`register_implement
 Dense attention with a token mask (:func:`dot_product_attention`, ``model.attention_impl``) has its
 own names, :data:`ATTENTION_IMPLS`: ``"xla"`` (the reference), ``"xla_lse"`` (the same maths with a backward that
 keeps the log-sum-exp instead of the probabilities, ``xla_kernels.softmax_attention``: faster and leaner on CPU),
-``"splash"`` (TPU splash attention,
+``"cpu_flash"`` (the same maths as one C++ kernel for XLA:CPU, ``xla_kernels.cpu_attention``: float32, masks shared
+by the heads), ``"splash"`` (TPU splash attention,
 ``pallas_kernels.splash_attention``), ``"cudnn"`` (``jax.nn.dot_product_attention`` with cuDNN) and
 ``"auto"`` (splash on TPU, cuDNN on GPU, else ``xla_lse``; logged).
 
@@ -40,6 +41,7 @@ from jaxwm.ops import frame_sparse as fs_ref
 from pallas_kernels import delta_rule as dr_kernels
 from pallas_kernels import frame_sparse_attention as fs_kernels
 from pallas_kernels import splash_attention as splash_kernel
+from xla_kernels import cpu_attention
 from xla_kernels import softmax_attention as xla_attention
 
 REFERENCE = "xla"
@@ -54,7 +56,7 @@ IMPLEMENTATIONS = {
         "pallas_gpu": dr_kernels.gpu_delta_rule,
     },
 }
-ATTENTION_IMPLS = ("xla", "xla_lse", "splash", "cudnn", "auto")  # dense attention (model.attention_impl)
+ATTENTION_IMPLS = ("xla", "xla_lse", "splash", "cudnn", "cpu_flash", "auto")  # dense attention (model.attention_impl)
 
 
 def impls(op):
@@ -184,6 +186,8 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
     return attn_ref.dot_product_attention(q, k, v, mask, scale=scale)
   if impl == "xla_lse":  # jnp: XLA partitions it under a mesh like the reference
     return xla_attention.attention(q, k, v, mask, scale=scale)
+  if impl == "cpu_flash":
+    return _cpu_flash(q, k, v, mask, scale, batch_axes)
   frame, per_frame = None, None
   if isinstance(mask, attn_ref.StaticFrameMask):  # splash computes its blocks on the host, no [L, L] array
     frame, mask = (mask.frames, mask.tokens_per_frame), None
@@ -215,6 +219,23 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
 
   args = (q, k, v, jnp.asarray(mask)) if dynamic else (q, k, v)
   return per_batch_shard(fn, batch_axes, *args, head_axes=head_axes, specs=specs)
+
+
+def _cpu_flash(q, k, v, mask, scale, batch_axes):
+  """``cpu_attention.attention`` (a C++ kernel for XLA:CPU) per batch shard; lowering it for another platform raises
+  ``ValueError``."""
+  mask = cpu_attention.token_mask(mask, q.shape[0], q.shape[1], k.shape[1])
+  what = "model.attention_impl='cpu_flash' (a CPU kernel; 'cudnn' on GPU, 'splash' on TPU, 'xla' anywhere)"
+
+  def fn(q, k, v, *m):
+    return only_on("cpu", what, lambda q, k, v, *m: cpu_attention.attention(q, k, v, *m, scale=scale), q, k, v, *m)
+
+  def specs(batch, heads):
+    del heads
+    qkv = P(batch, None, None, None)
+    return (qkv,) * 3 + (() if mask is None else (P(batch if mask.shape[0] > 1 else None, None, None),)), qkv
+
+  return per_batch_shard(fn, batch_axes, q, k, v, *(() if mask is None else (mask,)), specs=specs)
 
 
 def softmax_attention(logits, args, v, mask=None, *, impl="xla"):

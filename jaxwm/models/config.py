@@ -176,6 +176,7 @@ class ModelConfig:
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
     attention_impl: dense attention (``jaxwm.kernels.dot_product_attention``): ``xla`` (the reference) |
       ``xla_lse`` (the default: its maths, a backward keeping the log-sum-exp, not the probabilities) |
+      ``cpu_flash`` (the same as one C++ kernel for XLA:CPU, built with g++ at first use; float32) |
       ``splash`` (TPU splash attention; ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto``.
     attention: frame sparsity of self-attention (:class:`AttentionConfig`).
     loci: LOCI hybrid blocks with recurrent memory (:class:`LociConfig`).

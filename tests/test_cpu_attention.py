@@ -1,0 +1,154 @@
+"""``impl='cpu_flash'`` (``xla_kernels/cpu_attention.cc``, a C++ kernel for XLA:CPU built with g++) against JAX
+differentiating the reference (``jaxwm.ops.attention``): values and gradients under every mask form it takes (none,
+per example, shared, a per-head array of one head, static and traced frame masks), odd and unequal lengths over its
+query blocks, a custom scale, NaN propagation, per batch shard on a device mesh, a small ViewRope model's loss and
+gradients; and the refusals (bfloat16, per-head masks, other platforms, WorldRoPE's per-view form)."""
+
+import dataclasses
+import shutil
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxwm import kernels
+from jaxwm.ops import attention as attn_ref
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="cpu_flash builds its kernel with g++")
+
+B, LQ, LK, H, D = 2, 77, 131, 3, 20  # 77 queries: one full block of 64 and a partial one
+
+
+def _inputs(lq=LQ, lk=LK, seed=0, b=B):
+  ks = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(ks[0], (b, lq, H, D))
+  k = jax.random.normal(ks[1], (b, lk, H, D))
+  v = jax.random.normal(ks[2], (b, lk, H, D))
+  g = jax.random.normal(ks[3], (b, lq, H, D))
+  return q, k, v, g
+
+
+def _random_mask(shape, seed=1):
+  m = np.random.default_rng(seed).random(shape) < 0.6
+  m[..., 0] = True  # every query attends to a key
+  return jnp.asarray(m)
+
+
+def _value_and_grads(fn, q, k, v, g, mask):
+  out, pull = jax.vjp(lambda q, k, v: fn(q, k, v, mask), q, k, v)
+  return (out, *pull(g))
+
+
+def _compare(q, k, v, g, mask, atol=2e-5, **kw):
+  want = _value_and_grads(lambda q, k, v, m: attn_ref.dot_product_attention(q, k, v, m, **kw), q, k, v, g, mask)
+  got = jax.jit(lambda q, k, v, g: _value_and_grads(
+      lambda q, k, v, m: kernels.dot_product_attention(q, k, v, m, impl="cpu_flash", **kw), q, k, v, g, mask))(
+          q, k, v, g)
+  for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+    assert a.dtype == b.dtype and a.shape == b.shape, name
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, err_msg=name)
+
+
+MASKS = {"none": None, "per_example": _random_mask((B, LQ, LK)), "shared": _random_mask((1, LQ, LK), 2),
+         "one_head": _random_mask((B, 1, LQ, LK), 3)}
+
+
+@pytest.mark.parametrize("mask", list(MASKS), ids=list(MASKS))
+def test_dense_matches_the_reference_and_its_gradients(mask):
+  _compare(*_inputs(), MASKS[mask])
+
+
+@pytest.mark.parametrize("kind", ["static_frames", "traced_frames"])
+def test_frame_masks_match(kind):
+  frames = np.tril(np.ones((5, 5), bool))  # 5 frames of 19 tokens: causal over frames, 95 queries
+  masks = {"static_frames": attn_ref.StaticFrameMask(frames, 19),
+           "traced_frames": attn_ref.FrameMask(jnp.asarray(np.stack([frames, frames.T | np.eye(5, dtype=bool)])),
+                                               19)}
+  q, k, v, g = _inputs(lq=95, lk=95)
+  _compare(q, k, v, g, masks[kind])
+
+
+def test_scale_and_shapes_off_the_block():
+  for lq, lk in ((1, 1), (64, 7), (65, 200), (130, 33)):
+    q, k, v, g = _inputs(lq=lq, lk=lk, seed=lq)
+    _compare(q, k, v, g, None, scale=0.3)
+
+
+def test_a_nan_in_a_query_reaches_its_output_and_no_other():
+  q, k, v, _ = _inputs()
+  q = q.at[1, 5, 2, 3].set(jnp.nan)
+  out = np.asarray(kernels.dot_product_attention(q, k, v, MASKS["per_example"], impl="cpu_flash"))
+  assert np.isnan(out[1, 5, 2]).all()
+  bad = np.zeros(out.shape, bool)
+  bad[1, 5, 2] = True
+  assert np.isfinite(out[~bad]).all()
+
+
+def test_per_batch_shard_on_a_mesh_equals_one_device():
+  q, k, v, g = _inputs(b=4)
+  mask = _random_mask((4, LQ, LK), 7)
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("data",))
+
+  def run(q, k, v, g, mask):
+    return _value_and_grads(lambda q, k, v, m: kernels.dot_product_attention(
+        q, k, v, m, impl="cpu_flash", batch_axes=("data",)), q, k, v, g, mask)
+
+  want = jax.jit(run)(q, k, v, g, mask)
+  with jax.set_mesh(mesh):
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    args = [jax.device_put(a, sharded) for a in (q, k, v, g, mask)]
+    assert "shard_map" in str(jax.make_jaxpr(run)(*args))
+    got = jax.jit(run)(*args)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_refusals_name_the_impl():
+  q, k, v, _ = _inputs()
+  with pytest.raises(ValueError, match="model.attention_impl='cpu_flash': is float32 only; q is bfloat16"):
+    kernels.dot_product_attention(q.astype(jnp.bfloat16), k, v, impl="cpu_flash")
+  with pytest.raises(ValueError, match="model.attention_impl='cpu_flash': takes a mask shared by the heads"):
+    kernels.dot_product_attention(q, k, v, _random_mask((B, H, LQ, LK)), impl="cpu_flash")
+  from jax import export  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"'cpu_flash' \(a CPU kernel; .*\) cannot be lowered for platform cuda"):
+    export.export(jax.jit(lambda q, k, v: kernels.dot_product_attention(q, k, v, impl="cpu_flash")),
+                  platforms=["cuda"])(q, k, v)
+  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+  from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
+  c = tiny_config()
+  c.model.attention_impl = "cpu_flash"
+  c.model.camera.update(encoding="worldrope", channels="hw")
+  with pytest.raises(config_checks.ConfigError, match="its per-view attention has no kernel"):
+    config_checks.check_model(c)
+
+
+def test_small_viewrope_model_loss_and_gradients_match():
+  """A teacher-forcing step's loss and parameter gradients of a small ViewRope model (dense attention under the
+  chunk-causal frame mask): ``cpu_flash`` equals ``xla``."""
+  from jaxwm.models.conditioning import Cameras  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import CameraConfig, ModelConfig  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.init import init_params  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.layout import teacher_forcing_layout  # pylint: disable=g-import-not-at-top
+  layout = teacher_forcing_layout(3, 1)
+  s = layout.mask.shape[0]
+  cfg = ModelConfig(dim=96, num_heads=2, num_layers=2, ffn_dim=32, in_channels=12, out_channels=12,
+                    patch_size=(1, 1, 1), freq_dim=16, camera=CameraConfig(encoding="viewrope", channels="t_low"))
+  shape = (2, s, 2, 3, 12)
+  x = jax.random.normal(jax.random.key(0), shape)
+  c2w = jnp.tile(jnp.eye(4), (2, s, 1, 1)).at[:, :, 0, 3].set(jnp.linspace(0, 1, s))
+  k_mat = jnp.tile(jnp.asarray([[3.0, 0, 6], [0, 3.0, 6], [0, 0, 1]]), (2, s, 1, 1))
+  frames = layout.frames(2, cameras=Cameras(c2w, k_mat))
+  params = nn.unbox(init_params(WanModel(cfg), jax.random.key(1), shape, 24))
+
+  def loss(p, impl):
+    model = WanModel(dataclasses.replace(cfg, attention_impl=impl))
+    return jnp.mean(jnp.square(model.apply({"params": p}, x, jnp.full(shape[:2], 500.0), frames)[0] - x))
+
+  want = jax.jit(jax.value_and_grad(lambda p: loss(p, "xla")))(params)
+  got = jax.jit(jax.value_and_grad(lambda p: loss(p, "cpu_flash")))(params)
+  np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(want[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))

@@ -1,0 +1,171 @@
+"""Dense softmax attention as one XLA:CPU kernel (``model.attention_impl="cpu_flash"``): C++ through the XLA FFI
+(``cpu_attention.cc``), forward and backward.
+
+XLA:CPU runs the scores' product, the softmax and the values' product as separate ops, each streaming the
+``[Lq, Lk]`` scores through memory. This kernel keeps each block of queries' score rows in cache from ``S = scale
+q k^T`` to ``O = P v`` and saves the log-sum-exp per query; its backward recomputes ``P = exp(S - lse)`` and uses
+``delta = rowsum(dO * O)`` (FlashAttention's backward, as ``xla_lse``). Products by the BLAS ``sgemm`` that scipy
+ships (OpenBLAS, set to one thread for the whole process); the kernel runs its (batch, head, query block) units on
+OpenMP threads.
+
+Built with ``g++`` at first use into ``$JAXWM_KERNEL_CACHE`` (default ``~/.cache/jaxwm``), one file per source
+and jaxlib version, under a file lock (parallel test workers build it once). float32 only; a mask is a token mask
+shared by the heads (``[1 or B, (1,) Lq, Lk]``, a frame mask is expanded); anything else is refused with a
+``ValueError`` naming the impl.
+"""
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+IMPL = "cpu_flash"
+BLOCK = 64  # queries per forward unit: 64 score rows of a few thousand keys stay in a 1-2 MB cache
+SOURCE = pathlib.Path(__file__).with_suffix(".cc")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
+_lock = threading.Lock()
+_loaded = []
+
+
+def _fail(message):
+  raise ValueError(f"model.attention_impl={IMPL!r}: {message}")
+
+
+def _build(path):
+  compiler = shutil.which(os.environ.get("CXX", "g++"))
+  if compiler is None:
+    _fail("builds a C++ kernel with g++ (or $CXX), which was not found; install it or use 'xla_lse'")
+  tmp = f"{path}.{os.getpid()}.tmp"
+  proc = subprocess.run([compiler, *FLAGS, "-w", f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp],
+                        capture_output=True, text=True, check=False)
+  if proc.returncode:
+    _fail(f"compiling {SOURCE.name} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+  os.replace(tmp, path)
+
+
+def _one_blas_thread(blas):
+  """Sets scipy's OpenBLAS to one thread (the kernel's units already run on every core; OpenBLAS threads inside
+  them oversubscribe the cores, 2-3x slower on 2 cores). Process-wide: scipy's other BLAS calls run on one thread."""
+  libs = sorted(pathlib.Path(blas.__file__).parents[2].glob("scipy.libs/*openblas*.so*"))
+  for path in libs:
+    lib = ctypes.CDLL(str(path))
+    for symbol in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+      if hasattr(lib, symbol):
+        getattr(lib, symbol)(1)
+        return
+  logging.warning("model.attention_impl=%r: could not set scipy's BLAS to one thread (no OpenBLAS found in %s); "
+                  "the kernel may oversubscribe the cores", IMPL, [str(p) for p in libs])
+
+
+def library():
+  """The loaded kernel library (built on first use), its FFI targets registered and its ``sgemm`` set."""
+  with _lock:
+    if _loaded:
+      return _loaded[0]
+    import jaxlib  # pylint: disable=g-import-not-at-top
+    import scipy.linalg.cython_blas as blas  # pylint: disable=g-import-not-at-top
+    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()
+    cache = pathlib.Path(os.environ.get("JAXWM_KERNEL_CACHE", pathlib.Path.home() / ".cache" / "jaxwm"))
+    try:
+      cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+      cache = pathlib.Path(tempfile.gettempdir()) / "jaxwm_kernels"
+      cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"cpu_attention-{key[:16]}.so"
+    with open(cache / ".lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if not path.exists():
+        _build(path)
+    lib = ctypes.CDLL(str(path))
+    capsule = blas.__pyx_capi__["sgemm"]
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    lib.jaxwm_cpu_attention_set_sgemm(ctypes.c_void_p(pointer(capsule, name(capsule))))
+    _one_blas_thread(blas)
+    jax.ffi.register_ffi_target("jaxwm_cpu_attention_fwd", jax.ffi.pycapsule(lib.JaxwmCpuAttentionForward),
+                                platform="cpu")
+    jax.ffi.register_ffi_target("jaxwm_cpu_attention_bwd", jax.ffi.pycapsule(lib.JaxwmCpuAttentionBackward),
+                                platform="cpu")
+    _loaded.append(lib)
+    return lib
+
+
+def _attrs(scale, mask):
+  return {"scale": np.float32(scale), "has_mask": np.int64(mask is not None), "block": np.int64(BLOCK)}
+
+
+def _forward(q, k, v, mask, scale):
+  b, lq, h, _ = q.shape
+  out = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((b, h, lq), jnp.float32))
+  m = jnp.zeros((1, 1, 1), jnp.uint8) if mask is None else mask
+  return jax.ffi.ffi_call("jaxwm_cpu_attention_fwd", out)(q, k, v, m, **_attrs(scale, mask))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, mask, scale):
+  return _forward(q, k, v, mask, scale)[0]
+
+
+def _attention_fwd(q, k, v, mask, scale):
+  out, lse = _forward(q, k, v, mask, scale)
+  return out, (q, k, v, mask, out, lse)
+
+
+def _attention_bwd(scale, res, g):
+  q, k, v, mask, out, lse = res
+  shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (q, k, v))
+  m = jnp.zeros((1, 1, 1), jnp.uint8) if mask is None else mask
+  dq, dk, dv = jax.ffi.ffi_call("jaxwm_cpu_attention_bwd", shapes)(q, k, v, m, out, lse, g.astype(jnp.float32),
+                                                                    **_attrs(scale, mask))
+  return dq, dk, dv, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def token_mask(mask, batch, lq, lk):
+  """``mask`` (bool ``[1 or B, (1,) Lq, Lk]``, or a frame mask with ``.tokens()``) as the kernel's ``uint8 [1 or B,
+  Lq, Lk]``; None stays None. A per-head mask or another shape is refused (``ValueError``)."""
+  if mask is None:
+    return None
+  if hasattr(mask, "tokens") and not isinstance(mask, jax.Array):
+    mask = mask.tokens()
+  mask = jnp.asarray(mask)
+  if mask.ndim == 4:
+    if mask.shape[1] != 1:
+      _fail(f"takes a mask shared by the heads; got per-head mask shape {mask.shape}")
+    mask = mask[:, 0]
+  if mask.ndim == 2:
+    mask = mask[None]
+  if mask.ndim != 3 or mask.shape[0] not in (1, batch) or mask.shape[1:] != (lq, lk):
+    _fail(f"mask shape {mask.shape} is not [1 or {batch}, (1,) {lq}, {lk}]")
+  return mask.astype(jnp.uint8)
+
+
+def attention(q, k, v, mask=None, *, scale=None):
+  """Dense attention, ``jaxwm.ops.attention.dot_product_attention``'s signature and result, on XLA:CPU.
+
+  ``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]`` float32; ``mask`` as :func:`token_mask` (True = attend). Returns
+  ``[B, Lq, H, D]`` float32; gradients w.r.t. ``q, k, v``. A query with no key to attend to gets 0.
+  """
+  for name, a in (("q", q), ("k", k), ("v", v)):
+    if a.dtype != jnp.float32:
+      _fail(f"is float32 only; {name} is {a.dtype}")
+  if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
+    _fail(f"q {q.shape}, k {k.shape}, v {v.shape} are not [B, Lq, H, D], [B, Lk, H, D], [B, Lk, H, D]")
+  library()
+  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+  return _attention(q, k, v, token_mask(mask, q.shape[0], q.shape[1], k.shape[1]), scale)
