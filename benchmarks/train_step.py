@@ -289,8 +289,8 @@ def main():
       print(f"{label:>{width}} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
             f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
             f"{tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)
-  print("MFU = XLA-counted FLOPs of the step (cpu_flash rows: counted with xla_lse) / step time / measured matmul rate; "
-        "jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
+  print("MFU = XLA-counted FLOPs of the step (cpu_flash rows: counted with xla_lse) / step time / measured matmul "
+        "rate; jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
 
 
 if __name__ == "__main__":
