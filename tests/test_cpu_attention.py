@@ -4,10 +4,8 @@ per example, shared, a per-head array of one head, static and traced frame masks
 query blocks, a custom scale, NaN propagation, per batch shard on a device mesh, a small ViewRope model's loss and
 gradients; and the refusals (bfloat16, per-head masks, other platforms, WorldRoPE's per-view form)."""
 
-import dataclasses
 import shutil
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,28 +125,6 @@ def test_refusals_name_the_impl():
 def test_small_viewrope_model_loss_and_gradients_match():
   """A teacher-forcing step's loss and parameter gradients of a small ViewRope model (dense attention under the
   chunk-causal frame mask): ``cpu_flash`` equals ``xla``."""
-  from jaxwm.models.conditioning import Cameras  # pylint: disable=g-import-not-at-top
-  from jaxwm.models.config import CameraConfig, ModelConfig  # pylint: disable=g-import-not-at-top
-  from jaxwm.models.init import init_params  # pylint: disable=g-import-not-at-top
-  from jaxwm.models.transformer import WanModel  # pylint: disable=g-import-not-at-top
-  from jaxwm.training.layout import teacher_forcing_layout  # pylint: disable=g-import-not-at-top
-  layout = teacher_forcing_layout(3, 1)
-  s = layout.mask.shape[0]
-  cfg = ModelConfig(dim=96, num_heads=2, num_layers=2, ffn_dim=32, in_channels=12, out_channels=12,
-                    patch_size=(1, 1, 1), freq_dim=16, camera=CameraConfig(encoding="viewrope", channels="t_low"))
-  shape = (2, s, 2, 3, 12)
-  x = jax.random.normal(jax.random.key(0), shape)
-  c2w = jnp.tile(jnp.eye(4), (2, s, 1, 1)).at[:, :, 0, 3].set(jnp.linspace(0, 1, s))
-  k_mat = jnp.tile(jnp.asarray([[3.0, 0, 6], [0, 3.0, 6], [0, 0, 1]]), (2, s, 1, 1))
-  frames = layout.frames(2, cameras=Cameras(c2w, k_mat))
-  params = nn.unbox(init_params(WanModel(cfg), jax.random.key(1), shape, 24))
-
-  def loss(p, impl):
-    model = WanModel(dataclasses.replace(cfg, attention_impl=impl))
-    return jnp.mean(jnp.square(model.apply({"params": p}, x, jnp.full(shape[:2], 500.0), frames)[0] - x))
-
-  want = jax.jit(jax.value_and_grad(lambda p: loss(p, "xla")))(params)
-  got = jax.jit(jax.value_and_grad(lambda p: loss(p, "cpu_flash")))(params)
-  np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
-  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(want[1])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+  from test_xla_kernels import assert_same_loss_and_grads, model_loss_and_grads  # pylint: disable=g-import-not-at-top
+  want, got = model_loss_and_grads(("xla", "cpu_flash"), "viewrope", "t_low", dim=96, num_layers=2)
+  assert_same_loss_and_grads(got, want)

@@ -122,10 +122,9 @@ def test_per_view_attention_matches_the_reference():
     wr.per_view_attention(q, k, k_views, v, mask, n, channels, impl="splash")
 
 
-def test_tiny_model_loss_and_gradients_match(encoding="worldrope"):
-  """The teacher-forcing loss of a small WorldRoPE model (per-view attention) and its parameter gradients:
-  ``xla_lse`` equals ``xla``. (Dense attention in a model: ``xla_lse`` is the default, and the Wan parity tests
-  check the default model against diffusers.)"""
+def model_loss_and_grads(impls, encoding, channels, dim=32, num_layers=1):
+  """``[(loss, parameter gradients)]`` per ``model.attention_impl`` of ``impls``: a teacher-forcing step of a small
+  model (``encoding`` on ``channels``) under the chunk-causal frame mask, on the same parameters and clip."""
   from jaxwm.models.conditioning import Cameras  # pylint: disable=g-import-not-at-top
   from jaxwm.models.config import CameraConfig, ModelConfig  # pylint: disable=g-import-not-at-top
   from jaxwm.models.init import init_params  # pylint: disable=g-import-not-at-top
@@ -133,8 +132,8 @@ def test_tiny_model_loss_and_gradients_match(encoding="worldrope"):
   from jaxwm.training.layout import teacher_forcing_layout  # pylint: disable=g-import-not-at-top
   layout = teacher_forcing_layout(3, 1)
   s = layout.mask.shape[0]
-  cfg = ModelConfig(dim=32, num_heads=2, num_layers=1, ffn_dim=32, in_channels=12, out_channels=12,
-                    patch_size=(1, 1, 1), freq_dim=16, camera=CameraConfig(encoding=encoding, channels="hw"))
+  cfg = ModelConfig(dim=dim, num_heads=2, num_layers=num_layers, ffn_dim=32, in_channels=12, out_channels=12,
+                    patch_size=(1, 1, 1), freq_dim=16, camera=CameraConfig(encoding=encoding, channels=channels))
   shape = (2, s, 2, 3, 12)
   x = jax.random.normal(jax.random.key(0), shape)
   c2w = jnp.tile(jnp.eye(4), (2, s, 1, 1)).at[:, :, 0, 3].set(jnp.linspace(0, 1, s))
@@ -146,8 +145,18 @@ def test_tiny_model_loss_and_gradients_match(encoding="worldrope"):
     model = WanModel(dataclasses.replace(cfg, attention_impl=impl))
     return jnp.mean(jnp.square(model.apply({"params": p}, x, jnp.full(shape[:2], 500.0), frames)[0] - x))
 
-  want = jax.jit(jax.value_and_grad(lambda p: loss(p, "xla")))(params)
-  got = jax.jit(jax.value_and_grad(lambda p: loss(p, "xla_lse")))(params)
+  return [jax.jit(jax.value_and_grad(lambda p, impl=impl: loss(p, impl)))(params) for impl in impls]
+
+
+def assert_same_loss_and_grads(got, want):
   np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(want[1])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+
+
+def test_tiny_model_loss_and_gradients_match():
+  """The teacher-forcing loss of a small WorldRoPE model (per-view attention) and its parameter gradients:
+  ``xla_lse`` equals ``xla``. (Dense attention in a model: ``xla_lse`` is the default, and the Wan parity tests
+  check the default model against diffusers.)"""
+  want, got = model_loss_and_grads(("xla", "xla_lse"), "worldrope", "hw")
+  assert_same_loss_and_grads(got, want)
