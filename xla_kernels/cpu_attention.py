@@ -15,7 +15,6 @@ shared by the heads (``[1 or B, (1,) Lq, Lk]``, a frame mask is expanded); anyth
 """
 
 import ctypes
-import fcntl
 import functools
 import hashlib
 import logging
@@ -83,6 +82,7 @@ def library():
       cache = pathlib.Path(tempfile.gettempdir()) / "jaxwm_kernels"
       cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"cpu_attention-{key[:16]}.so"
+    import fcntl  # pylint: disable=g-import-not-at-top  (POSIX: importing jaxwm elsewhere must not need it)
     with open(cache / ".lock", "w") as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
       if not path.exists():
