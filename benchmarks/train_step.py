@@ -190,6 +190,7 @@ def torch_backbone_step(model, b, s, lat_hw, ch, text_len=1, device="cpu", bf16=
     torch.mean((out.float() - x) ** 2).backward()
     opt.step()
 
+  step.model = net  # for inspection (parameter counts)
   return step, b * n_tok
 
 

@@ -1,8 +1,9 @@
-"""``impl='cpu_flash'`` (``xla_kernels/cpu_attention.cc``, a C++ kernel for XLA:CPU built with g++) against JAX
-differentiating the reference (``jaxwm.ops.attention``): values and gradients under every mask form it takes (none,
-per example, shared, a per-head array of one head, static and traced frame masks), odd and unequal lengths over its
-query blocks, a custom scale, NaN propagation, per batch shard on a device mesh, a small ViewRope model's loss and
-gradients; and the refusals (bfloat16, per-head masks, other platforms, WorldRoPE's per-view form)."""
+"""``impl='cpu_flash'`` (``xla_kernels/cpu_attention.cc``, a C++ kernel for XLA:CPU built with g++) against
+JAX differentiating the reference (``jaxwm.ops.attention``): values and gradients under every mask form it takes
+(none, per example, shared, a per-head array of one head, static and traced frame masks), odd and unequal lengths
+over its query blocks, a custom scale, a query with no key, NaN propagation, per batch shard on a device mesh, a
+small ViewRope model's loss and gradients; and the refusals (bfloat16, per-head masks, other platforms,
+WorldRoPE's per-view form)."""
 
 import shutil
 
@@ -82,6 +83,31 @@ def test_a_nan_in_a_query_reaches_its_output_and_no_other():
   bad = np.zeros(out.shape, bool)
   bad[1, 5, 2] = True
   assert np.isfinite(out[~bad]).all()
+
+
+def test_a_query_with_no_key_gets_zero_and_the_others_are_unchanged():
+  """The docstring's promise for a fully masked row (the reference divides 0 by 0 there): output 0, no gradient
+  through it, and every other row as the reference computes it."""
+  q, k, v, g = _inputs()
+  mask = np.asarray(MASKS["per_example"]).copy()
+  mask[0, 3] = False
+
+  def fn(q, k, v):
+    return kernels.dot_product_attention(q, k, v, jnp.asarray(mask), impl="cpu_flash")
+
+  out, pull = jax.vjp(fn, q, k, v)
+  dq, dk, dv = pull(g)
+  assert not np.asarray(out[0, 3]).any() and not np.asarray(dq[0, 3]).any()
+  # The reference, with that row attending everywhere and no cotangent on it: the other rows and dk, dv unchanged.
+  full = mask.copy()
+  full[0, 3] = True
+  g_masked = g.at[0, 3].set(0.0)
+  want_out, want_pull = jax.vjp(lambda q, k, v: attn_ref.dot_product_attention(q, k, v, jnp.asarray(full)), q, k, v)
+  keep = np.ones(out.shape, bool)
+  keep[0, 3] = False
+  np.testing.assert_allclose(np.asarray(out)[keep], np.asarray(want_out)[keep], atol=2e-5)
+  for a, b in zip((dk, dv), want_pull(g_masked)[1:]):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
 def test_per_batch_shard_on_a_mesh_equals_one_device():

@@ -1,5 +1,6 @@
 """``benchmarks/gpu_check.py``'s Wan2.2-TI2V-5B rows (``benchmarks/gpu_5b.py``) without a GPU: the full-size training
-step lowers for CUDA, both frameworks' steps run at the smoke width, and GPU names map to their peaks."""
+step lowers for CUDA, both frameworks' steps run at the smoke width and build models of the same size, and GPU
+names map to their peaks."""
 
 import argparse
 import importlib.util
@@ -46,8 +47,22 @@ def test_both_training_steps_run_at_the_smoke_width(gpu_5b):
   jx, tc = gpu_5b.train_jax(a), gpu_5b.train_torch(a)
   tokens = 2 * 4 * 6 // 4  # 2 frames of 4x6 latents, patch 2x2
   for r in (jx, tc):
-    assert r["tokens"] == tokens and r["s"] > 0
-    assert r["flops"] == jx["flops"] > 0
+    assert r["tokens"] == tokens and r["s"] > 0 and r["flops"] > 0
+
+
+def test_both_frameworks_build_the_same_backbone(gpu_5b):
+  """diffusers' model (an independent implementation) has as many parameters as jaxwm's, at the smoke width and
+  at the full 5B shape (built on torch's meta device: nothing allocated)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from diffusers import WanTransformer3DModel  # pylint: disable=g-import-not-at-top
+  import train_step as ts  # pylint: disable=g-import-not-at-top
+  for smoke in (True, False):
+    m = gpu_5b.model_dict(smoke, "xla_lse")
+    _, init, _ = ts.backbone_program(dict(m), 1, 1, (2, 2), m.in_channels, 1)
+    n_jax = sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda init=init: init(jax.random.key(0)))[0]))
+    step, _ = ts.torch_backbone_step(dict(m), 1, 1, (2, 2), m.in_channels, 1, device="meta")
+    assert isinstance(step.model, WanTransformer3DModel)
+    assert sum(p.numel() for p in step.model.parameters()) == n_jax, smoke
 
 
 def test_gpu_names_map_to_their_bf16_peaks(gpu_5b):
