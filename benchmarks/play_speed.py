@@ -25,6 +25,7 @@ every layer of every forward (the sampler's attention before the two-block softm
 
 import argparse
 import contextlib
+import functools
 import importlib
 import pathlib
 import resource
@@ -39,10 +40,12 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root, for configs/
 
 from jaxwm.models.conditioning import Cameras, Frames  # noqa: E402  pylint: disable=wrong-import-position
+from jaxwm.ops import attention as attn_ref  # noqa: E402  pylint: disable=wrong-import-position
 from jaxwm.models.config import ModelConfig  # noqa: E402  pylint: disable=wrong-import-position
 from jaxwm.models.transformer import WanModel  # noqa: E402  pylint: disable=wrong-import-position
 from jaxwm.play.engine import Model, Player, first_frame  # noqa: E402  pylint: disable=wrong-import-position
 from jaxwm.sampling.controls import Controls  # noqa: E402  pylint: disable=wrong-import-position
+from xla_kernels import softmax_attention as xla_attention  # noqa: E402  pylint: disable=wrong-import-position
 
 KEYS = ("w", "right")
 
@@ -171,9 +174,12 @@ def concatenated_cache():
   from jaxwm.encodings import worldrope as wr  # pylint: disable=g-import-not-at-top
   saved = wr.per_view_attention_cached
 
-  def joined(q, cache, own, mask, n, channels):
+  def joined(q, cache, own, mask, channels):
     cat = lambda i, axis: jnp.concatenate([cache[i], own[i]], axis)  # pylint: disable=unnecessary-lambda-assignment
-    return wr.per_view_attention(q, cat(0, 1), cat(1, 2), cat(2, 1), mask, n, channels, impl="xla_lse")
+    rest = np.setdiff1d(np.arange(q.shape[-1]), channels)
+    logits = functools.partial(attn_ref.per_view_logits, scale=q.shape[-1] ** -0.5)
+    args = (q[..., channels], cat(1, 2), q[..., rest], cat(0, 1)[..., rest])
+    return xla_attention.softmax_attention(logits, args, cat(2, 1), mask).astype(q.dtype)
 
   jax.clear_caches()
   wr.per_view_attention_cached = joined

@@ -37,6 +37,8 @@ def _jax_group(op_name, opcode):
   n = op_name.lower()
   if "adam" in n or "optax" in n or "apply_updates" in n or "scale_by" in n:
     return "optimiser"
+  if opcode == "custom-call" and re.search(r"attn\d?/", n):  # a C++ attention kernel (cpu_flash)
+    return "attention core"
   if re.search(r"attn\d?/(?!to_|norm_)", n) and re.search(r"dot_general|softmax|exp|reduce|max|div|sub|select|"
                                                            r"where|einsum", n):
     return "attention core"
@@ -66,6 +68,7 @@ def _jax_group(op_name, opcode):
 def _hlo_index(text):
   """``{instruction name: (opcode, op_name)}`` of a compiled module's text (entry and nested computations)."""
   out = {}
+  text = re.sub(r"/\*index=\d+\*/", "", text)  # in long tuple shapes too, where an '=' would end the shape
   for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^=]*?\b([a-z][a-z0-9\-]*)\((.*)$", text, re.M):
     name, opcode, rest = m.group(1), m.group(2), m.group(3)
     op = re.search(r'op_name="([^"]*)"', rest)

@@ -218,16 +218,16 @@ def check_sharding_rules(config):
 
 
 def _check_attention_impl(cfg):
-  """``model.attention_impl`` among ``jaxwm.kernels.ATTENTION_IMPLS``; a kernel (``splash``, ``cudnn``,
-  ``cpu_flash``) only where self-attention uses it (an encoding with per-view keys attends in its own ``jnp`` code)."""
+  """``model.attention_impl`` among ``jaxwm.kernels.ATTENTION_IMPLS``; with per-view keys (WorldRoPE) only the impls
+  of ``jaxwm.kernels.per_view_attention`` (``splash`` and ``cudnn`` have no per-view form)."""
   from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
   impl = cfg.attention_impl
   if impl not in ATTENTION_IMPLS:
     raise ConfigError("model.attention_impl", impl, f"must be one of {', '.join(map(repr, ATTENTION_IMPLS))}")
-  if impl in ("splash", "cudnn", "cpu_flash") and cfg.encoding.per_view_keys:
-    raise ConfigError("model.attention_impl", impl, "must be 'xla', 'xla_lse' or 'auto' with "
+  if impl in ("splash", "cudnn") and cfg.encoding.per_view_keys:
+    raise ConfigError("model.attention_impl", impl, "must be 'xla', 'xla_lse', 'cpu_flash' or 'auto' with "
                                                    f"model.camera.encoding={cfg.camera.encoding!r} (its per-view "
-                                                   "attention has no kernel)")
+                                                   "attention has no splash or cuDNN form)")
 
 
 def check_model(config):

@@ -18,7 +18,8 @@ keeps the log-sum-exp instead of the probabilities, ``xla_kernels.softmax_attent
 ``"cpu_flash"`` (the same maths as one C++ kernel for XLA:CPU, ``xla_kernels.cpu_attention``: float32, masks shared
 by the heads), ``"splash"`` (TPU splash attention,
 ``pallas_kernels.splash_attention``), ``"cudnn"`` (``jax.nn.dot_product_attention`` with cuDNN) and
-``"auto"`` (splash on TPU, cuDNN on GPU, else ``xla_lse``; logged).
+``"auto"`` (the fastest that takes the inputs where the program runs: :func:`resolve_attention_impl`; logged).
+WorldRoPE's per-view keys have their own entry, :func:`per_view_attention` (``xla``, ``xla_lse``, ``cpu_flash``).
 
 Under a device mesh, XLA cannot partition a Pallas call: ``batch_axes`` (the mesh axes the leading
 batch axis is sharded over, e.g. ``("data", "fsdp")``) runs the kernel per batch shard inside
@@ -149,15 +150,32 @@ def target_platform():
   return device.platform if device is not None else jax.default_backend()
 
 
-def resolve_attention_impl(impl):
-  """``impl`` of :func:`dot_product_attention`; ``"auto"`` resolved for :func:`target_platform` (logged).
+def resolve_attention_impl(impl, dtype=jnp.float32, mask=None, per_view=False):
+  """``impl`` of :func:`dot_product_attention` (``per_view``: :func:`per_view_attention`); ``"auto"`` resolved for
+  :func:`target_platform` and the inputs (their ``dtype``, ``mask``), logged:
+
+  - CPU: ``cpu_flash`` where it takes the inputs (float32, a mask shared by the heads, its C++ kernel built: a
+    compiler found), else ``xla_lse`` (the log names the reason);
+  - TPU: ``splash``; GPU: ``cudnn`` for bfloat16 / float16, else ``xla_lse``; ``xla_lse`` for per-view keys there.
+
   ``ValueError`` naming the value and :data:`ATTENTION_IMPLS` otherwise."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"model.attention_impl={impl!r}: must be one of {ATTENTION_IMPLS}")
-  if impl == "auto":
-    platform = target_platform()
-    impl = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla_lse")
-    logging.info("model.attention_impl 'auto' resolved to %r for platform %r", impl, platform)
+  if impl != "auto":
+    return impl
+  platform = target_platform()
+  why = ""
+  if platform == "cpu":
+    why = cpu_attention.unsupported(dtype, mask)
+    impl = "xla_lse" if why else "cpu_flash"
+  elif per_view:
+    impl = "xla_lse"
+  elif platform == "tpu":
+    impl = "splash"
+  else:
+    impl = "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla_lse"
+  logging.info("model.attention_impl 'auto' resolved to %r for platform %r%s", impl, platform,
+               f" (cpu_flash: {why})" if why else "")
   return impl
 
 
@@ -176,7 +194,7 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
   raises ``ValueError`` (:func:`only_on`; nothing falls back). ``cudnn`` raises ``ValueError`` when
   traced where jax finds no cuDNN.
   """
-  impl = resolve_attention_impl(impl)
+  impl = resolve_attention_impl(impl, q.dtype, mask)
   if impl == "cudnn":
     try:
       return attn_ref.dot_product_attention(q, k, v, mask, scale=scale, impl="cudnn")
@@ -238,18 +256,44 @@ def _cpu_flash(q, k, v, mask, scale, batch_axes):
   return per_batch_shard(fn, batch_axes, q, k, v, *(() if mask is None else (mask,)), specs=specs)
 
 
-def softmax_attention(logits, args, v, mask=None, *, impl="xla"):
-  """Attention over any logits function (``jaxwm.ops.attention.softmax_attention``; WorldRoPE's per-view keys) by
-  ``impl``: ``"xla"`` the reference, ``"xla_lse"`` the log-sum-exp backward (``xla_kernels.softmax_attention``).
-  ``"auto"`` resolves as for :func:`dot_product_attention`; a kernel without this form (``splash``, ``cudnn``) is
-  refused (``ValueError``)."""
-  impl = resolve_attention_impl(impl)
+def per_view_attention(q, k, v, factors, pairs, mask=None, *, scale, impl="xla", batch_axes=None):
+  """Attention whose keys depend on the query frame (WorldRoPE; ``jaxwm.ops.attention.per_view_attention``) by
+  ``impl``: ``"xla"`` the reference, ``"xla_lse"`` the log-sum-exp backward (``xla_kernels.softmax_attention`` over
+  the reference's per-view logits), ``"cpu_flash"`` the C++ kernel, which rotates each view's keys itself
+  (``xla_kernels.cpu_attention``, per batch shard over ``batch_axes``; lowering it for another platform raises
+  ``ValueError``). ``"auto"`` resolves as for :func:`dot_product_attention`; a kernel without this form
+  (``splash``, ``cudnn``) is refused (``ValueError``).
+
+  ``q [B, F N, H, D]``, ``k [B, Lk, H, D]``, ``v [B, Lk, H, Dv]``, ``factors [B, F, Lk, P, 2]``, ``pairs`` the
+  ``P`` rotated channel pairs (static), ``mask`` bool broadcastable to ``[B, F N, Lk]`` or None -> ``[B, F N, H, Dv]``
+  in ``v``'s dtype.
+  """
+  impl = resolve_attention_impl(impl, q.dtype, mask, per_view=True)
   if impl == "xla":
-    return attn_ref.softmax_attention(logits, args, v, mask)
+    return attn_ref.per_view_attention(q, k, v, factors, pairs, mask, scale=scale)
   if impl == "xla_lse":
-    return xla_attention.softmax_attention(logits, args, v, mask)
-  raise ValueError(f"model.attention_impl={impl!r}: attention over a logits function (per-view keys) has the "
-                   "implementations 'xla' and 'xla_lse'")
+    logits = functools.partial(attn_ref.per_view_logits, scale=scale)
+    return xla_attention.softmax_attention(logits, attn_ref.per_view_views(q, k, factors, pairs), v, mask)
+  if impl == "cpu_flash":
+    mask = cpu_attention.token_mask(mask, q.shape[0], q.shape[1], k.shape[1])
+    what = "model.attention_impl='cpu_flash' (a CPU kernel; 'xla_lse' or 'xla' anywhere)"
+    pairs = tuple(pairs)
+
+    def kernel(q, k, v, factors, *m):
+      return cpu_attention.per_view_attention(q, k, v, factors, pairs, *m, scale=scale)
+
+    def fn(*args):
+      return only_on("cpu", what, kernel, *args)
+
+    def specs(batch, heads):
+      del heads
+      m = () if mask is None else (P(batch if mask.shape[0] > 1 else None),)
+      return (P(batch),) * 4 + m, P(batch)
+
+    out = per_batch_shard(fn, batch_axes, q, k, v, factors, *(() if mask is None else (mask,)), specs=specs)
+    return out.astype(v.dtype)
+  raise ValueError(f"model.attention_impl={impl!r}: attention with per-view keys (WorldRoPE) has the "
+                   "implementations 'xla', 'xla_lse' and 'cpu_flash'")
 
 
 def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl="xla", interpret=False,

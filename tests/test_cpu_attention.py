@@ -2,9 +2,12 @@
 JAX differentiating the reference (``jaxwm.ops.attention``): values and gradients under every mask form it takes
 (none, per example, shared, a per-head array of one head, static and traced frame masks), odd and unequal lengths
 over its query blocks, a custom scale, a query with no key, NaN propagation, per batch shard on a device mesh, a
-small ViewRope model's loss and gradients; and the refusals (bfloat16, per-head masks, other platforms,
-WorldRoPE's per-view form)."""
+small ViewRope model's loss and gradients. WorldRoPE's per-view form (each query frame its own keys on the
+view-dependent channels) the same way: against the reference's values and gradients over frames split across
+query blocks, with and without shared channels, and a small WorldRoPE model's loss and gradients. And the refusals
+(bfloat16, per-head masks, other platforms, per-view shapes that do not fit)."""
 
+import functools
 import shutil
 
 import jax
@@ -139,13 +142,94 @@ def test_refusals_name_the_impl():
   with pytest.raises(ValueError, match=r"'cpu_flash' \(a CPU kernel; .*\) cannot be lowered for platform cuda"):
     export.export(jax.jit(lambda q, k, v: kernels.dot_product_attention(q, k, v, impl="cpu_flash")),
                   platforms=["cuda"])(q, k, v)
-  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
-  from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
-  c = tiny_config()
-  c.model.attention_impl = "cpu_flash"
-  c.model.camera.update(encoding="worldrope", channels="hw")
-  with pytest.raises(config_checks.ConfigError, match="its per-view attention has no kernel"):
-    config_checks.check_model(c)
+  q, k, v, fac, _ = _per_view_inputs(3, 5, 7, 8, (1, 2))
+  with pytest.raises(ValueError, match=r"model.attention_impl='cpu_flash': per-view shapes .* are not \[B, F N"):
+    kernels.per_view_attention(q, k, v, fac[:, :, 1:], (1, 2), scale=1.0, impl="cpu_flash")
+  with pytest.raises(ValueError, match=r"model.attention_impl='cpu_flash': pairs \(1, 4\) must be distinct channel "
+                                       r"pairs of head_dim 8 \(0 <= pair < 4\)"):
+    kernels.per_view_attention(q, k, v, fac, (1, 4), scale=1.0, impl="cpu_flash")
+  with pytest.raises(ValueError, match="model.attention_impl='cpu_flash': is float32 only; factors is bfloat16"):
+    kernels.per_view_attention(q, k, v, fac.astype(jnp.bfloat16), (1, 2), scale=1.0, impl="cpu_flash")
+  with pytest.raises(ValueError, match=r"'cpu_flash' \(a CPU kernel; .*\) cannot be lowered for platform cuda"):
+    export.export(jax.jit(lambda *a: kernels.per_view_attention(*a, (1, 2), scale=1.0, impl="cpu_flash")),
+                  platforms=["cuda"])(q, k, v, fac)
+
+
+def _per_view_inputs(f, n, lk, d, pairs, dv=None, seed=0, b=B):
+  ks = jax.random.split(jax.random.key(seed), 5)
+  q = jax.random.normal(ks[0], (b, f * n, H, d))
+  k = jax.random.normal(ks[1], (b, lk, H, d))
+  v = jax.random.normal(ks[2], (b, lk, H, dv or d))
+  fac = jax.random.normal(ks[3], (b, f, lk, len(pairs), 2))
+  g = jax.random.normal(ks[4], (b, f * n, H, dv or d))
+  return q, k, v, fac, g
+
+
+@pytest.mark.parametrize("f,n,lk,d,pairs,dv,mask", [
+    (3, 77, 131, 20, (1, 4, 7), None, "per_example"),  # scattered pairs; each frame one full block and a partial one
+    (4, 19, 53, 6, (0, 1, 2), 9, "shared"),  # every channel rotated; values of another width
+    (1, 130, 33, 8, (3,), None, None),  # one view
+    (5, 1, 1, 4, (1, 0), 3, None),  # one query per frame, one key; pairs out of order
+])
+def test_per_view_matches_the_reference_and_its_gradients(f, n, lk, d, pairs, dv, mask):
+  args = _per_view_inputs(f, n, lk, d, pairs, dv, seed=f * n)
+  m = None if mask is None else _random_mask((B if mask == "per_example" else 1, f * n, lk), f)
+
+  def run(impl, *a):
+    out, pull = jax.vjp(lambda *x: kernels.per_view_attention(*x, pairs, m, scale=d**-0.5, impl=impl), *a[:-1])
+    return (out, *pull(a[-1]))
+
+  want, got = run("xla", *args), jax.jit(functools.partial(run, "cpu_flash"))(*args)
+  for name, x, y in zip(("out", "dq", "dk", "dv", "dfactors"), got, want):
+    assert x.dtype == y.dtype and x.shape == y.shape, name
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=3e-5, err_msg=name)
+
+
+def test_per_view_per_batch_shard_on_a_mesh_equals_one_device():
+  args = _per_view_inputs(3, 10, 29, 8, (0, 3), b=4)
+  mask = _random_mask((4, 30, 29), 8)
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("data",))
+
+  def run(q, k, v, fac, g, mask):
+    out, pull = jax.vjp(lambda *x: kernels.per_view_attention(*x, (0, 3), mask, scale=0.25, impl="cpu_flash",
+                                                              batch_axes=("data",)), q, k, v, fac)
+    return (out, *pull(g))
+
+  want = jax.jit(run)(*args, mask)
+  with jax.set_mesh(mesh):
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    placed = [jax.device_put(a, sharded) for a in (*args, mask)]
+    assert "shard_map" in str(jax.make_jaxpr(run)(*placed))
+    got = jax.jit(run)(*placed)
+  for x, y in zip(got, want):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+
+
+def test_auto_picks_cpu_flash_on_cpu_where_it_applies():
+  """``model.attention_impl="auto"`` (the default) on CPU: ``cpu_flash`` for float32 inputs and masks shared by the
+  heads, dense or per view; ``xla_lse`` otherwise. Under an abstract TPU mesh: splash, and ``xla_lse`` per view."""
+  assert kernels.resolve_attention_impl("auto") == "cpu_flash"
+  assert kernels.resolve_attention_impl("auto", jnp.float32, MASKS["one_head"], per_view=True) == "cpu_flash"
+  assert kernels.resolve_attention_impl("auto", jnp.bfloat16) == "xla_lse"
+  assert kernels.resolve_attention_impl("auto", jnp.float32, _random_mask((B, H, LQ, LK))) == "xla_lse"
+  assert kernels.resolve_attention_impl("cpu_flash", jnp.bfloat16) == "cpu_flash"  # asked for: refused later
+  from jaxwm.training.compile_only import topology_devices  # pylint: disable=g-import-not-at-top
+  try:
+    devices = topology_devices("v5p:2x2x1")
+  except ValueError as e:  # no libtpu here
+    pytest.skip(str(e))
+  with jax.set_mesh(jax.sharding.Mesh(np.asarray(devices).reshape(-1), ("data",))):
+    assert kernels.resolve_attention_impl("auto") == "splash"
+    assert kernels.resolve_attention_impl("auto", per_view=True) == "xla_lse"
+
+
+def test_small_worldrope_model_loss_and_gradients_match():
+  """A teacher-forcing step's loss and parameter gradients of a small WorldRoPE model (per-view attention under the
+  chunk-causal frame mask; gradients reach the depth heads through the per-view keys): ``cpu_flash`` equals
+  ``xla``."""
+  from test_xla_kernels import assert_same_loss_and_grads, model_loss_and_grads  # pylint: disable=g-import-not-at-top
+  want, got = model_loss_and_grads(("xla", "cpu_flash"), "worldrope", "hw", dim=96, num_layers=2)
+  assert_same_loss_and_grads(got, want)
 
 
 def test_small_viewrope_model_loss_and_gradients_match():

@@ -1,14 +1,19 @@
 """WorldRoPE's expected rotary factor: Monte Carlo, the deterministic limit, cameras behind,
 the projected covariance against float64 finite differences, the bound |factor| <= 1 under jit, gradients."""
 
+import functools
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import random_rotations
 
+from jaxwm import kernels
 from jaxwm.encodings import worldrope as wr
 from jaxwm.geometry.rotations import make_se3
+from jaxwm.ops import attention as attn_ref
 
 K = np.array([[40.0, 0.0, 32.0], [0.0, 40.0, 32.0], [0.0, 0.0, 1.0]])
 
@@ -138,23 +143,30 @@ def test_factor_is_bounded_under_jit_for_extreme_geometry():
   assert mag.max() <= 1.0 + 1e-5
 
 
-def test_per_view_attention_matches_per_frame_dense_attention():
-  """Each query frame attends over keys whose ``channels`` are its own view's: float64 dense attention per frame."""
+@pytest.mark.parametrize("impl", ["xla", "xla_lse", "cpu_flash"])
+def test_per_view_attention_matches_per_frame_dense_attention(impl):
+  """Each query frame attends over keys whose ``channels`` are rotated by its own view's factors: float64 dense
+  attention per frame, for every impl of the per-view form."""
+  if impl == "cpu_flash" and shutil.which("g++") is None:
+    pytest.skip("cpu_flash builds its kernel with g++")
   rng = np.random.default_rng(2)
   b, fq, n, lk, h, d = 2, 3, 4, 10, 2, 8
-  channels = wr.pair_channels([1, 3])  # [2, 3, 6, 7]
+  pairs = (1, 3)
+  channels = attn_ref.pair_channels(pairs)  # [2, 3, 6, 7]
   q = rng.normal(size=(b, fq * n, h, d)).astype(np.float32)
   k = rng.normal(size=(b, lk, h, d)).astype(np.float32)
   v = rng.normal(size=(b, lk, h, d)).astype(np.float32)
-  kv = rng.normal(size=(b, fq, lk, h, len(channels))).astype(np.float32)
+  factors = rng.normal(size=(b, fq, lk, len(pairs), 2)).astype(np.float32)
   mask = rng.random((b, fq * n, lk)) < 0.7
   mask[..., 0] = True
-  got = np.asarray(wr.per_view_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(kv), jnp.asarray(v),
-                                         jnp.asarray(mask), n, channels))
+  got = np.asarray(jax.jit(lambda *a: kernels.per_view_attention(*a[:4], pairs, a[4], scale=d**-0.5, impl=impl))(
+      *map(jnp.asarray, (q, k, v, factors, mask))))
   want = np.zeros_like(got, np.float64)
   for f in range(fq):
-    kf = k.astype(np.float64).copy()[:, None].repeat(1, 1)[:, 0]
-    kf[..., channels] = kv[:, f]
+    kf = k.astype(np.float64).copy()
+    pairs = kf[..., channels[0::2]] + 1j * kf[..., channels[1::2]]  # [b, lk, h, P]
+    turned = pairs * (factors[:, f, :, None, :, 0] + 1j * factors[:, f, :, None, :, 1])
+    kf[..., channels[0::2]], kf[..., channels[1::2]] = turned.real, turned.imag
     rows = slice(f * n, (f + 1) * n)
     logit = np.einsum("bqhd,bkhd->bhqk", q[:, rows].astype(np.float64), kf) / np.sqrt(d)
     logit = np.where(mask[:, None, rows], logit, -np.inf)
@@ -198,7 +210,7 @@ def test_per_view_keys_equal_the_vectorised_ones():
 
 def _split_case(seed, b, fq, n, lc, lo, h, d, pairs, head_mask=False, empty_cache_rows=False):
   rng = np.random.default_rng(seed)
-  channels = wr.pair_channels(pairs)
+  channels = attn_ref.pair_channels(pairs)
   arr = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
   cache = (arr(b, lc, h, d), arr(b, fq, lc, h, len(channels)), arr(b, lc, h, d))
   own = (arr(b, lo, h, d), arr(b, fq, lo, h, len(channels)), arr(b, lo, h, d))
@@ -215,16 +227,19 @@ def _split_case(seed, b, fq, n, lc, lo, h, d, pairs, head_mask=False, empty_cach
                                   dict(b=2, fq=1, n=5, lc=11, lo=5, h=1, d=6, pairs=[2], empty_cache_rows=True)])
 def test_attention_over_cache_and_own_blocks_equals_the_concatenation(case):
   """The sampler's per-view attention with the cache kept apart from the own chunk (a softmax over two blocks
-  with one shared maximum) equals float64 dense attention per query frame, and :func:`per_view_attention` on the
-  concatenated keys in values and in the gradients of every input (DMD differentiates the student's forward
+  with one shared maximum) equals float64 dense attention per query frame, and the reference's per-view attention on
+  the concatenated keys in values and in the gradients of every input (DMD differentiates the student's forward
   through it), with masks per query or per head, odd sizes and queries that see no cached key."""
   n = case["n"]
   q, cache, own, mask, channels = _split_case(0, **case)
-  split = lambda q_, c_, o_: wr.per_view_attention_cached(q_, c_, o_, mask, n, channels)  # pylint: disable=unnecessary-lambda-assignment
+  split = lambda q_, c_, o_: wr.per_view_attention_cached(q_, c_, o_, mask, channels)  # pylint: disable=unnecessary-lambda-assignment
 
-  def joined(q_, c_, o_):
+  def joined(q_, c_, o_):  # the reference's per-view attention over the concatenated keys and views
     cat = lambda i, axis: jnp.concatenate([c_[i], o_[i]], axis)  # pylint: disable=unnecessary-lambda-assignment
-    return wr.per_view_attention(q_, cat(0, 1), cat(1, 2), cat(2, 1), mask, n, channels)
+    rest = np.setdiff1d(np.arange(q_.shape[-1]), channels)
+    logits = functools.partial(attn_ref.per_view_logits, scale=q_.shape[-1] ** -0.5)
+    args = (q_[..., channels], cat(1, 2), q_[..., rest], cat(0, 1)[..., rest])
+    return attn_ref.softmax_attention(logits, args, cat(2, 1), mask)
 
   got = np.asarray(split(q, cache, own))
   np.testing.assert_allclose(got, np.asarray(joined(q, cache, own)), atol=2e-6)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from jaxwm import kernels
-from jaxwm.encodings import worldrope as wr
 from jaxwm.ops import attention as attn_ref
 from xla_kernels import softmax_attention as lse
 
@@ -101,25 +100,26 @@ def test_the_backward_keeps_no_score_matrix():
 
 
 def test_per_view_attention_matches_the_reference():
-  """WorldRoPE's per-view logits (each query frame its own keys on the h/w channels) through both impls."""
-  fq, n, lk, c = 3, 5, 19, 6
+  """WorldRoPE's per-view logits (each query frame its own rotation of the keys' h/w channel pairs) through both
+  impls."""
+  fq, n, lk, pairs = 3, 5, 19, (2, 3, 4)
   ks = jax.random.split(jax.random.key(4), 5)
   q = jax.random.normal(ks[0], (B, fq * n, H, D))
   k = jax.random.normal(ks[1], (B, lk, H, D))
-  k_views = jax.random.normal(ks[2], (B, fq, lk, H, c))
-  v = jax.random.normal(ks[3], (B, lk, H, D))
+  v = jax.random.normal(ks[2], (B, lk, H, D))
+  factors = jax.random.normal(ks[3], (B, fq, lk, len(pairs), 2))
   g = jax.random.normal(ks[4], (B, fq * n, H, D))
   mask = _random_mask((B, fq * n, lk), 5)
-  channels = np.arange(4, 4 + c)
 
   def run(impl):
-    out, pull = jax.vjp(lambda *a: wr.per_view_attention(*a, mask, n, channels, impl=impl), q, k, k_views, v)
+    fn = lambda *a: kernels.per_view_attention(*a, pairs, mask, scale=0.3, impl=impl)  # pylint: disable=unnecessary-lambda-assignment
+    out, pull = jax.vjp(fn, q, k, v, factors)
     return (out, *pull(g))
 
-  for name, a, b in zip(("out", "dq", "dk", "dk_views", "dv"), run("xla_lse"), run("xla")):
+  for name, a, b in zip(("out", "dq", "dk", "dv", "dfactors"), run("xla_lse"), run("xla")):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=name)
-  with pytest.raises(ValueError, match="'xla' and 'xla_lse'"):
-    wr.per_view_attention(q, k, k_views, v, mask, n, channels, impl="splash")
+  with pytest.raises(ValueError, match="'xla', 'xla_lse' and 'cpu_flash'"):
+    kernels.per_view_attention(q, k, v, factors, pairs, mask, scale=0.3, impl="splash")
 
 
 def model_loss_and_grads(impls, encoding, channels, dim=32, num_layers=1):

@@ -5,4 +5,7 @@ a silent fallback). Kernels import only public helpers of ``jaxwm``, never the r
 - ``softmax_attention.py``: softmax attention (dense, or any logits function such as WorldRoPE's per-view keys;
   ``jaxwm.ops.attention``) whose backward keeps the log-sum-exp per query instead of the ``[Lq, Lk]``
   probabilities (``model.attention_impl='xla_lse'``).
+- ``cpu_attention.py`` + ``cpu_attention.cc``: softmax attention, dense and with WorldRoPE's per-view keys (each
+  query frame's keys rotated inside the kernel), as one C++ kernel for XLA:CPU through the XLA FFI, forward and
+  backward, built with g++ at first use (``model.attention_impl='cpu_flash'``; ``'auto'`` on CPU).
 """

@@ -1,13 +1,23 @@
-// Dense softmax attention for XLA:CPU through the XLA FFI (model.attention_impl="cpu_flash"; built and loaded by
-// xla_kernels/cpu_attention.py). float32; q, o, dout [B, Lq, H, D], k, v [B, Lk, H, D] row-major; lse [B, H, Lq];
-// mask uint8 [Bm, Lq, Lk] (Bm 1 or B; nonzero = attend), read only when has_mask.
+// Softmax attention for XLA:CPU through the XLA FFI (model.attention_impl="cpu_flash"; built and loaded by
+// xla_kernels/cpu_attention.py). float32, row-major. One kernel for dense attention and for WorldRoPE's per-view
+// keys: q [B, Lq, H, D], k [B, Lk, H, D], v [B, Lk, H, Dv], out and dout [B, Lq, H, Dv], lse [B, H, Lq], mask uint8
+// [Bm, Lq, Lk] (Bm 1 or B; nonzero = attend; read only when has_mask). The scores of query i are
+//   S_ij = scale q_i . K[f]_j,   f = i / N the query's frame (N = Lq / F),
+// where K[f] is k with its channel pairs (2 pairs[p], 2 pairs[p] + 1), p < P, each taken as a complex number and
+// multiplied by the factor fac [B, F, Lk, P, 2] (re, im) of frame f:
+//   K[f]_{j,2c} = k_{j,2c} re - k_{j,2c+1} im,   K[f]_{j,2c+1} = k_{j,2c} im + k_{j,2c+1} re   (c = pairs[p]).
+// Dense attention is P = 0 (F = 1, K = k).
 //
-// Forward, per (batch, head, block of queries): the block's score rows S = scale q k^T stay in cache through the
-// softmax (max over the kept keys, exp, sum) and O = P v; lse = max + log(sum). A row with no kept key gives 0.
+// Forward, per (batch, head, frame, block of the frame's queries): K[f] built into a per-thread buffer (P > 0);
+// the block's score rows stay in cache through the softmax (max over the kept keys, exp, sum) and O = P v;
+// lse = max + log(sum). A row with no kept key gives 0.
 // Backward (FlashAttention's, unblocked over keys), per (batch, head): P = exp(S - lse) recomputed per block,
-// dV += P^T dO, dP = dO v^T, dS = P (dP - rowsum(dO O)) scale, dQ = dS K, dK += dS^T Q.
+// dV += P^T dO, dP = dO v^T, dS = P (dP - rowsum(dO O)) scale, dq = dS K[f], dK[f] += dS^T q; at the end of frame f
+// (P > 0) dk += dK[f] on the other channels and the conjugate rotation of dK[f] on the pairs, and the factor's
+// gradient per head, d re = dK_0 k_0 + dK_1 k_1, d im = dK_1 k_0 - dK_0 k_1, summed over heads after the loop.
 // Products by a BLAS sgemm (column-major: a row-major [m, n] with row stride ld is its transpose), set by
-// jaxwm_cpu_attention_set_sgemm. exp is written out so that it vectorises without fast-math, and NaN propagates.
+// jaxwm_cpu_attention_set_sgemm; units on `threads` OpenMP threads. exp is written out so that it vectorises without
+// fast-math, and NaN propagates.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -43,15 +53,69 @@ static inline float exp_nonpositive(float x) {
 }
 
 struct Shapes {
-  int B, Lq, Lk, H, D, HD, Bm;
+  int B, Lq, H, D, Lk, Dv, P, F, N, Bm;
+  int HD() const { return H * D; }
+  int HV() const { return H * Dv; }
 };
 
-static Shapes shapes_of(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
-                        const ffi::Buffer<ffi::U8>& mask) {
+static Shapes shapes_of(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& v,
+                        const ffi::Buffer<ffi::F32>& fac, const ffi::Buffer<ffi::U8>& mask) {
   auto d = q.dimensions();
-  Shapes s{(int)d[0], (int)d[1], (int)k.dimensions()[1], (int)d[2], (int)d[3], (int)(d[2] * d[3]),
-           (int)mask.dimensions()[0]};
+  const int P = (int)fac.dimensions()[3];
+  Shapes s{(int)d[0], (int)d[1], (int)d[2], (int)d[3], (int)v.dimensions()[1], (int)v.dimensions()[3], P,
+           P ? (int)fac.dimensions()[1] : 1, 0, (int)mask.dimensions()[0]};
+  s.N = s.Lq / s.F;
   return s;
+}
+
+// One (batch, head)'s rows of q, k, v and its batch element's factors [F, Lk, P, 2].
+struct Rows {
+  const float *q, *k, *v, *fac;
+};
+
+static Rows rows_of(const Shapes& s, const float* Q, const float* K, const float* V, const float* FAC, int b, int h) {
+  return Rows{Q + (size_t)b * s.Lq * s.HD() + h * s.D, K + (size_t)b * s.Lk * s.HD() + h * s.D,
+              V + (size_t)b * s.Lk * s.HV() + h * s.Dv, FAC + (size_t)b * s.F * s.Lk * s.P * 2};
+}
+
+// K[f] [Lk, D] (row stride D) into out: k with its pairs rotated by frame f's factors.
+static void build_keys(const Shapes& s, const Rows& r, const int32_t* pairs, int f, float* out) {
+  const int hd = s.HD();
+  for (int j = 0; j < s.Lk; ++j) {
+    const float* kj = r.k + (size_t)j * hd;
+    const float* fj = r.fac + ((size_t)f * s.Lk + j) * s.P * 2;
+    float* o = out + (size_t)j * s.D;
+    std::memcpy(o, kj, sizeof(float) * s.D);
+    for (int p = 0; p < s.P; ++p) {
+      const int c = 2 * pairs[p];
+      const float k0 = kj[c], k1 = kj[c + 1], re = fj[2 * p], im = fj[2 * p + 1];
+      o[c] = k0 * re - k1 * im;
+      o[c + 1] = k0 * im + k1 * re;
+    }
+  }
+}
+
+// dk [Lk, D] (row stride HD) += frame f's key gradient dkf [Lk, D] (row stride D) taken back through the rotation;
+// dfac [Lk, P, 2] = this head's factor gradient.
+static void unrotate(const Shapes& s, const Rows& r, const int32_t* pairs, const uint8_t* is_pair, int f,
+                     const float* dkf, float* dk, float* dfac) {
+  const int hd = s.HD();
+  for (int j = 0; j < s.Lk; ++j) {
+    const float* kj = r.k + (size_t)j * hd;
+    const float* fj = r.fac + ((size_t)f * s.Lk + j) * s.P * 2;
+    const float* g = dkf + (size_t)j * s.D;
+    float* dkj = dk + (size_t)j * hd;
+    float* dfj = dfac + (size_t)j * s.P * 2;
+    for (int c = 0; c < s.D; ++c) dkj[c] += is_pair[c] ? 0.0f : g[c];
+    for (int p = 0; p < s.P; ++p) {
+      const int c = 2 * pairs[p];
+      const float k0 = kj[c], k1 = kj[c + 1], re = fj[2 * p], im = fj[2 * p + 1], g0 = g[c], g1 = g[c + 1];
+      dkj[c] += g0 * re + g1 * im;
+      dkj[c + 1] += g1 * re - g0 * im;
+      dfj[2 * p] = g0 * k0 + g1 * k1;
+      dfj[2 * p + 1] = g1 * k0 - g0 * k1;
+    }
+  }
 }
 
 // One query row of scores -> probabilities (in place); returns the log-sum-exp (0 for a row with no kept key).
@@ -100,95 +164,137 @@ static float softmax_row(float* s, const uint8_t* keep, int n) {
 }
 
 static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                          ffi::Buffer<ffi::U8> mask, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse,
-                          float scale, int64_t has_mask, int64_t block_attr) {
+                          ffi::Buffer<ffi::F32> fac, ffi::Buffer<ffi::S32> pair_idx, ffi::Buffer<ffi::U8> mask,
+                          ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse, float scale,
+                          int64_t has_mask, int64_t block_attr, int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_attention: no sgemm set");
-  const Shapes s = shapes_of(q, k, mask);
-  const int block = (int)block_attr, blocks = (s.Lq + block - 1) / block, units = s.B * s.H * blocks;
-  const float *Q = q.typed_data(), *K = k.typed_data(), *V = v.typed_data();
+  const Shapes s = shapes_of(q, v, fac, mask);
+  const int block = (int)block_attr, blocks = (s.N + block - 1) / block, units = s.B * s.H * s.F * blocks;
   const uint8_t* M = has_mask ? mask.typed_data() : nullptr;
+  const int32_t* pairs = pair_idx.typed_data();
   float *O = out->typed_data(), *L = lse->typed_data();
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
-    std::vector<float> S((size_t)block * s.Lk);
+    std::vector<float> S((size_t)block * s.Lk), keys(s.P ? (size_t)s.Lk * s.D : 0);
     const float one = 1.0f, zero = 0.0f;
+    const int hd = s.HD(), hv = s.HV(), ldk = s.P ? s.D : hd;
+    long built = -1;  // the (b, h, f) whose keys are in `keys`
 #pragma omp for schedule(static)
     for (int u = 0; u < units; ++u) {
-      const int b = u / (s.H * blocks), h = (u / blocks) % s.H, i0 = (u % blocks) * block;
-      const int m = std::min(block, s.Lq - i0);
-      const float* qb = Q + ((size_t)b * s.Lq + i0) * s.HD + h * s.D;
-      const float* kb = K + (size_t)b * s.Lk * s.HD + h * s.D;
-      const float* vb = V + (size_t)b * s.Lk * s.HD + h * s.D;
-      float* ob = O + ((size_t)b * s.Lq + i0) * s.HD + h * s.D;
-      sgemm("T", "N", &s.Lk, &m, &s.D, &scale, kb, &s.HD, qb, &s.HD, &zero, S.data(), &s.Lk);  // S = scale q k^T
+      const int b = u / (s.H * s.F * blocks), h = (u / (s.F * blocks)) % s.H, f = (u / blocks) % s.F;
+      const int j0 = (u % blocks) * block, i0 = f * s.N + j0, m = std::min(block, s.N - j0);
+      const Rows r = rows_of(s, q.typed_data(), k.typed_data(), v.typed_data(), fac.typed_data(), b, h);
+      if (s.P && built != u / blocks) {
+        build_keys(s, r, pairs, f, keys.data());
+        built = u / blocks;
+      }
+      const float* kf = s.P ? keys.data() : r.k;
+      sgemm("T", "N", &s.Lk, &m, &s.D, &scale, kf, &ldk, r.q + (size_t)i0 * hd, &hd, &zero, S.data(),
+            &s.Lk);  // S = scale q K[f]^T
       for (int i = 0; i < m; ++i) {
         const uint8_t* keep = M ? M + ((size_t)(s.Bm > 1 ? b : 0) * s.Lq + i0 + i) * s.Lk : nullptr;
         L[((size_t)b * s.H + h) * s.Lq + i0 + i] = softmax_row(S.data() + (size_t)i * s.Lk, keep, s.Lk);
       }
-      sgemm("N", "N", &s.D, &m, &s.Lk, &one, vb, &s.HD, S.data(), &s.Lk, &zero, ob, &s.HD);  // O = P v
+      float* ob = O + ((size_t)b * s.Lq + i0) * hv + h * s.Dv;
+      sgemm("N", "N", &s.Dv, &m, &s.Lk, &one, r.v, &hv, S.data(), &s.Lk, &zero, ob, &hv);  // O = P v
     }
   }
   return ffi::Error::Success();
 }
 
+static void zero_rows(float* p, int rows, int stride, int width) {
+  for (int j = 0; j < rows; ++j) std::fill(p + (size_t)j * stride, p + (size_t)j * stride + width, 0.0f);
+}
+
 static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                           ffi::Buffer<ffi::U8> mask, ffi::Buffer<ffi::F32> o, ffi::Buffer<ffi::F32> lse,
-                           ffi::Buffer<ffi::F32> dout, ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
-                           ffi::ResultBuffer<ffi::F32> dv, float scale, int64_t has_mask, int64_t block_attr) {
+                           ffi::Buffer<ffi::F32> fac, ffi::Buffer<ffi::S32> pair_idx, ffi::Buffer<ffi::U8> mask,
+                           ffi::Buffer<ffi::F32> o, ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> dout,
+                           ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
+                           ffi::ResultBuffer<ffi::F32> dv, ffi::ResultBuffer<ffi::F32> dfac, float scale,
+                           int64_t has_mask, int64_t block_attr, int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_attention: no sgemm set");
-  const Shapes s = shapes_of(q, k, mask);
+  const Shapes s = shapes_of(q, v, fac, mask);
   const int block = (int)block_attr, units = s.B * s.H;
-  const float *Q = q.typed_data(), *K = k.typed_data(), *V = v.typed_data(), *O = o.typed_data(),
-              *L = lse.typed_data(), *G = dout.typed_data();
+  const float *O = o.typed_data(), *L = lse.typed_data(), *G = dout.typed_data();
   const uint8_t* M = has_mask ? mask.typed_data() : nullptr;
-  float *dQ = dq->typed_data(), *dK = dk->typed_data(), *dV = dv->typed_data();
-#pragma omp parallel
+  const int32_t* pairs = pair_idx.typed_data();
+  float *dQ = dq->typed_data(), *dK = dk->typed_data(), *dV = dv->typed_data(), *dF = dfac->typed_data();
+  std::vector<uint8_t> is_pair(s.D, 0);
+  for (int p = 0; p < s.P; ++p) is_pair[2 * pairs[p]] = is_pair[2 * pairs[p] + 1] = 1;
+  const size_t fac_size = (size_t)s.F * s.Lk * s.P * 2;  // one batch element's factors
+  std::vector<float> dfac_heads((size_t)s.B * s.H * fac_size);  // [B, H, F, Lk, P, 2]
+#pragma omp parallel num_threads(threads)
   {
-    std::vector<float> P((size_t)block * s.Lk), dP((size_t)block * s.Lk), delta(block);
+    std::vector<float> Pm((size_t)block * s.Lk), dP((size_t)block * s.Lk), delta(block);
+    std::vector<float> keys(s.P ? (size_t)s.Lk * s.D : 0), dkeys(keys.size());
     const float one = 1.0f, zero = 0.0f;
+    const int hd = s.HD(), hv = s.HV(), ldk = s.P ? s.D : hd;
 #pragma omp for schedule(static)
     for (int u = 0; u < units; ++u) {
       const int b = u / s.H, h = u % s.H;
-      const float* kb = K + (size_t)b * s.Lk * s.HD + h * s.D;
-      const float* vb = V + (size_t)b * s.Lk * s.HD + h * s.D;
-      float* dkb = dK + (size_t)b * s.Lk * s.HD + h * s.D;
-      float* dvb = dV + (size_t)b * s.Lk * s.HD + h * s.D;
-      for (int j = 0; j < s.Lk; ++j) {
-        std::fill(dkb + (size_t)j * s.HD, dkb + (size_t)j * s.HD + s.D, 0.0f);
-        std::fill(dvb + (size_t)j * s.HD, dvb + (size_t)j * s.HD + s.D, 0.0f);
-      }
-      for (int i0 = 0; i0 < s.Lq; i0 += block) {
-        const int m = std::min(block, s.Lq - i0);
-        const size_t row0 = ((size_t)b * s.Lq + i0) * s.HD + h * s.D;
-        const float *qb = Q + row0, *ob = O + row0, *gb = G + row0;
-        const float* lb = L + ((size_t)b * s.H + h) * s.Lq + i0;
-        sgemm("T", "N", &s.Lk, &m, &s.D, &scale, kb, &s.HD, qb, &s.HD, &zero, P.data(), &s.Lk);  // S
-        for (int i = 0; i < m; ++i) {
-          float* p = P.data() + (size_t)i * s.Lk;
-          const uint8_t* keep = M ? M + ((size_t)(s.Bm > 1 ? b : 0) * s.Lq + i0 + i) * s.Lk : nullptr;
-          const float l = lb[i];
-          if (keep) {
+      const Rows r = rows_of(s, q.typed_data(), k.typed_data(), v.typed_data(), fac.typed_data(), b, h);
+      float* dkb = dK + (size_t)b * s.Lk * hd + h * s.D;
+      float* dvb = dV + (size_t)b * s.Lk * hv + h * s.Dv;
+      zero_rows(dkb, s.Lk, hd, s.D);
+      zero_rows(dvb, s.Lk, hv, s.Dv);
+      const float* kf = s.P ? keys.data() : r.k;  // this frame's keys and their gradient
+      float* dkf = s.P ? dkeys.data() : dkb;
+      for (int f = 0; f < s.F; ++f) {
+        if (s.P) {
+          build_keys(s, r, pairs, f, keys.data());
+          std::fill(dkeys.begin(), dkeys.end(), 0.0f);
+        }
+        for (int i0 = f * s.N, m = 0; i0 < (f + 1) * s.N; i0 += m) {
+          m = std::min(block, (f + 1) * s.N - i0);
+          const size_t vrow = ((size_t)b * s.Lq + i0) * hv + h * s.Dv;
+          const float *ob = O + vrow, *gb = G + vrow, *qb = r.q + (size_t)i0 * hd;
+          const float* lb = L + ((size_t)b * s.H + h) * s.Lq + i0;
+          sgemm("T", "N", &s.Lk, &m, &s.D, &scale, kf, &ldk, qb, &hd, &zero, Pm.data(), &s.Lk);  // S
+          for (int i = 0; i < m; ++i) {
+            float* p = Pm.data() + (size_t)i * s.Lk;
+            const uint8_t* keep = M ? M + ((size_t)(s.Bm > 1 ? b : 0) * s.Lq + i0 + i) * s.Lk : nullptr;
+            const float l = lb[i];
+            if (keep) {
 #pragma omp simd
-            for (int j = 0; j < s.Lk; ++j) p[j] = keep[j] ? exp_nonpositive(p[j] - l) : 0.0f;
-          } else {
+              for (int j = 0; j < s.Lk; ++j) p[j] = keep[j] ? exp_nonpositive(p[j] - l) : 0.0f;
+            } else {
 #pragma omp simd
-            for (int j = 0; j < s.Lk; ++j) p[j] = exp_nonpositive(p[j] - l);
+              for (int j = 0; j < s.Lk; ++j) p[j] = exp_nonpositive(p[j] - l);
+            }
+            float d = 0.0f;
+            for (int c = 0; c < s.Dv; ++c) d += gb[(size_t)i * hv + c] * ob[(size_t)i * hv + c];
+            delta[i] = d;
           }
-          float d = 0.0f;
-          for (int c = 0; c < s.D; ++c) d += gb[(size_t)i * s.HD + c] * ob[(size_t)i * s.HD + c];
-          delta[i] = d;
-        }
-        sgemm("N", "T", &s.D, &s.Lk, &m, &one, gb, &s.HD, P.data(), &s.Lk, &one, dvb, &s.HD);   // dV += P^T dO
-        sgemm("T", "N", &s.Lk, &m, &s.D, &one, vb, &s.HD, gb, &s.HD, &zero, dP.data(), &s.Lk);  // dP = dO v^T
-        for (int i = 0; i < m; ++i) {
-          float* p = P.data() + (size_t)i * s.Lk;
-          const float* g = dP.data() + (size_t)i * s.Lk;
-          const float di = delta[i];
+          sgemm("N", "T", &s.Dv, &s.Lk, &m, &one, gb, &hv, Pm.data(), &s.Lk, &one, dvb, &hv);   // dV += P^T dO
+          sgemm("T", "N", &s.Lk, &m, &s.Dv, &one, r.v, &hv, gb, &hv, &zero, dP.data(), &s.Lk);  // dP = dO v^T
+          for (int i = 0; i < m; ++i) {
+            float* p = Pm.data() + (size_t)i * s.Lk;
+            const float* g = dP.data() + (size_t)i * s.Lk;
+            const float di = delta[i];
 #pragma omp simd
-          for (int j = 0; j < s.Lk; ++j) p[j] = p[j] * (g[j] - di) * scale;  // dS, with the logits' scale
+            for (int j = 0; j < s.Lk; ++j) p[j] = p[j] * (g[j] - di) * scale;  // dS, with the logits' scale
+          }
+          float* dqb = dQ + ((size_t)b * s.Lq + i0) * hd + h * s.D;
+          sgemm("N", "N", &s.D, &m, &s.Lk, &one, kf, &ldk, Pm.data(), &s.Lk, &zero, dqb, &hd);  // dq = dS K[f]
+          sgemm("N", "T", &s.D, &s.Lk, &m, &one, qb, &hd, Pm.data(), &s.Lk, &one, dkf, &ldk);   // dK[f] += dS^T q
         }
-        sgemm("N", "N", &s.D, &m, &s.Lk, &one, kb, &s.HD, P.data(), &s.Lk, &zero, dQ + row0, &s.HD);  // dQ = dS K
-        sgemm("N", "T", &s.D, &s.Lk, &m, &one, qb, &s.HD, P.data(), &s.Lk, &one, dkb, &s.HD);   // dK += dS^T Q
+        if (s.P)
+          unrotate(s, r, pairs, is_pair.data(), f, dkeys.data(), dkb,
+                   dfac_heads.data() + ((size_t)b * s.H + h) * fac_size + (size_t)f * s.Lk * s.P * 2);
+      }
+    }
+    // The factors' gradient, summed over the heads (zero-sized when P = 0).
+    const int chunks = s.P ? s.B * s.F : 0;
+    const size_t chunk = (size_t)s.Lk * s.P * 2;
+#pragma omp for schedule(static)
+    for (int c = 0; c < chunks; ++c) {
+      const int b = c / s.F, f = c % s.F;
+      float* out = dF + (size_t)c * chunk;
+      std::fill(out, out + chunk, 0.0f);
+      for (int h = 0; h < s.H; ++h) {
+        const float* in = dfac_heads.data() + ((size_t)b * s.H + h) * fac_size + (size_t)f * chunk;
+#pragma omp simd
+        for (size_t x = 0; x < chunk; ++x) out[x] += in[x];
       }
     }
   }
@@ -200,18 +306,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionForward, Forward,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("has_mask")
-                                  .Attr<int64_t>("block"));
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionBackward, Backward,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -219,6 +330,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionBackward, Backward,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("has_mask")
-                                  .Attr<int64_t>("block"));
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("threads"));

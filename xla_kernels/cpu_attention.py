@@ -1,12 +1,14 @@
-"""Dense softmax attention as one XLA:CPU kernel (``model.attention_impl="cpu_flash"``): C++ through the XLA FFI
-(``cpu_attention.cc``), forward and backward.
+"""Softmax attention as one XLA:CPU kernel (``model.attention_impl="cpu_flash"``): C++ through the XLA FFI
+(``cpu_attention.cc``), forward and backward, for dense attention (:func:`attention`) and for WorldRoPE's per-view
+keys (:func:`per_view_attention`: query frame ``f`` sees its own transform of the keys' view-dependent channels).
 
 XLA:CPU runs the scores' product, the softmax and the values' product as separate ops, each streaming the
 ``[Lq, Lk]`` scores through memory. This kernel keeps each block of queries' score rows in cache from ``S = scale
 q k^T`` to ``O = P v`` and saves the log-sum-exp per query; its backward recomputes ``P = exp(S - lse)`` and uses
-``delta = rowsum(dO * O)`` (FlashAttention's backward, as ``xla_lse``). Products by the BLAS ``sgemm`` that scipy
-ships (OpenBLAS, set to one thread for the whole process); the kernel runs its (batch, head, query block) units on
-OpenMP threads.
+``delta = rowsum(dO * O)`` (FlashAttention's backward, as ``xla_lse``). Both forms are one kernel: scores
+``scale (q_views . k_views[f] + q_shared . k_shared)``, dense attention being one view and no shared channels.
+Products by the BLAS ``sgemm`` that scipy ships (OpenBLAS, set to one thread for the whole process); the kernel
+runs its (batch, head, query block) units on OpenMP threads.
 
 Built with ``g++`` at first use into ``$JAXWM_KERNEL_CACHE`` (default ``~/.cache/jaxwm``), one file per source
 and jaxlib version, under a file lock (parallel test workers build it once). float32 only; a mask is a token mask
@@ -103,34 +105,51 @@ def library():
     return lib
 
 
+def threads():
+  """OpenMP threads per kernel call: the cores this process may use, shared by the devices of the current mesh
+  (``jax.set_mesh``), which run their shards' calls at the same time (8 devices faked on 2 cores: 1 thread each)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  mesh = jax.sharding.get_abstract_mesh()
+  return max(1, cores // (1 if mesh.empty else mesh.size))
+
+
 def _attrs(scale, mask):
-  return {"scale": np.float32(scale), "has_mask": np.int64(mask is not None), "block": np.int64(BLOCK)}
+  return {"scale": np.float32(scale), "has_mask": np.int64(mask is not None), "block": np.int64(BLOCK),
+          "threads": np.int64(threads())}
 
 
-def _forward(q, k, v, mask, scale):
+def _call(target, out):
+  return jax.ffi.ffi_call(target, out, vmap_method="sequential")  # under vmap: one call per element
+
+
+def _mask_arg(mask):
+  return jnp.zeros((1, 1, 1), jnp.uint8) if mask is None else mask
+
+
+def _forward(q, k, v, fac, pairs, mask, scale):
   b, lq, h, _ = q.shape
-  out = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct((b, h, lq), jnp.float32))
-  m = jnp.zeros((1, 1, 1), jnp.uint8) if mask is None else mask
-  return jax.ffi.ffi_call("jaxwm_cpu_attention_fwd", out)(q, k, v, m, **_attrs(scale, mask))
+  out = (jax.ShapeDtypeStruct((b, lq, h, v.shape[-1]), jnp.float32), jax.ShapeDtypeStruct((b, h, lq), jnp.float32))
+  return _call("jaxwm_cpu_attention_fwd", out)(q, k, v, fac, np.asarray(pairs, np.int32), _mask_arg(mask),
+                                                          **_attrs(scale, mask))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, mask, scale):
-  return _forward(q, k, v, mask, scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 6))
+def _attention(q, k, v, fac, pairs, mask, scale):
+  return _forward(q, k, v, fac, pairs, mask, scale)[0]
 
 
-def _attention_fwd(q, k, v, mask, scale):
-  out, lse = _forward(q, k, v, mask, scale)
-  return out, (q, k, v, mask, out, lse)
+def _attention_fwd(q, k, v, fac, pairs, mask, scale):
+  out, lse = _forward(q, k, v, fac, pairs, mask, scale)
+  return out, (q, k, v, fac, mask, out, lse)
 
 
-def _attention_bwd(scale, res, g):
-  q, k, v, mask, out, lse = res
-  shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (q, k, v))
-  m = jnp.zeros((1, 1, 1), jnp.uint8) if mask is None else mask
-  dq, dk, dv = jax.ffi.ffi_call("jaxwm_cpu_attention_bwd", shapes)(q, k, v, m, out, lse, g.astype(jnp.float32),
-                                                                    **_attrs(scale, mask))
-  return dq, dk, dv, None
+def _attention_bwd(pairs, scale, res, g):
+  q, k, v, fac, mask, out, lse = res
+  shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (q, k, v, fac))
+  grads = _call("jaxwm_cpu_attention_bwd", shapes)(q, k, v, fac, np.asarray(pairs, np.int32),
+                                                              _mask_arg(mask), out, lse, g.astype(jnp.float32),
+                                                              **_attrs(scale, mask))
+  return (*grads, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -155,17 +174,60 @@ def token_mask(mask, batch, lq, lk):
   return mask.astype(jnp.uint8)
 
 
+def unsupported(dtype, mask):
+  """Why this kernel cannot take inputs of ``dtype`` under ``mask`` (an array or frame mask, or None), or None when
+  it can: ``model.attention_impl="auto"`` picks it on CPU only then."""
+  if dtype != jnp.float32:
+    return f"float32 only, inputs are {jnp.dtype(dtype).name}"
+  shape = getattr(mask, "shape", None)
+  if shape is not None and len(shape) == 4 and shape[1] != 1:
+    return "masks shared by the heads only, the mask is per head"
+  try:
+    library()
+  except ValueError as e:
+    return str(e)
+  return None
+
+
+def _check_float32(**arrays):
+  for name, a in arrays.items():
+    if a.dtype != jnp.float32:
+      _fail(f"is float32 only; {name} is {a.dtype}")
+
+
 def attention(q, k, v, mask=None, *, scale=None):
   """Dense attention, ``jaxwm.ops.attention.dot_product_attention``'s signature and result, on XLA:CPU.
 
   ``q [B, Lq, H, D]``, ``k, v [B, Lk, H, D]`` float32; ``mask`` as :func:`token_mask` (True = attend). Returns
   ``[B, Lq, H, D]`` float32; gradients w.r.t. ``q, k, v``. A query with no key to attend to gets 0.
   """
-  for name, a in (("q", q), ("k", k), ("v", v)):
-    if a.dtype != jnp.float32:
-      _fail(f"is float32 only; {name} is {a.dtype}")
+  _check_float32(q=q, k=k, v=v)
   if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
     _fail(f"q {q.shape}, k {k.shape}, v {v.shape} are not [B, Lq, H, D], [B, Lk, H, D], [B, Lk, H, D]")
   library()
   scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-  return _attention(q, k, v, token_mask(mask, q.shape[0], q.shape[1], k.shape[1]), scale)
+  mask = token_mask(mask, q.shape[0], q.shape[1], k.shape[1])
+  return _attention(q, k, v, jnp.zeros((1, 1, 1, 0, 2), jnp.float32), (), mask, scale)  # no pairs rotated
+
+
+def per_view_attention(q, k, v, factors, pairs, mask=None, *, scale):
+  """Attention whose keys depend on the query frame (WorldRoPE), ``jaxwm.ops.attention.per_view_attention``'s
+  signature and result, on XLA:CPU: each query frame's keys are rotated inside the kernel, never materialised.
+
+  ``q [B, F N, H, D]``, ``k [B, Lk, H, D]``, ``v [B, Lk, H, Dv]``, ``factors [B, F, Lk, P, 2]`` float32; ``pairs``
+  the ``P`` channel pairs the factors rotate (static ints, pair ``c`` is channels ``2c, 2c + 1``); ``mask`` as
+  :func:`token_mask`. Returns ``[B, F N, H, Dv]`` float32; gradients w.r.t. ``q, k, v, factors``. A query with no
+  key to attend to gets 0.
+  """
+  _check_float32(q=q, k=k, v=v, factors=factors)
+  pairs = tuple(int(c) for c in pairs)
+  b, lq, h, d = q.shape
+  f, lk = factors.shape[1], k.shape[1]
+  want = ((b, lk, h, d), (b, lk, h), (b, f, lk, len(pairs), 2))
+  if (k.shape, v.shape[:3], factors.shape) != want or lq % f:
+    _fail(f"per-view shapes q {q.shape}, k {k.shape}, v {v.shape}, factors {factors.shape} are not [B, F N, H, D], "
+          f"[B, Lk, H, D], [B, Lk, H, Dv], [B, F, Lk, P, 2] with P = {len(pairs)} pairs")
+  if not pairs or len(set(pairs)) < len(pairs) or min(pairs) < 0 or max(pairs) >= d // 2:
+    _fail(f"pairs {pairs} must be distinct channel pairs of head_dim {d} (0 <= pair < {d // 2}), at least one")
+  library()
+  return _attention(q, k, v, factors, pairs, token_mask(mask, b, lq, lk), float(scale))

@@ -15,10 +15,11 @@ covariance -> 0 and ``M = 1`` it is the ordinary rotation at the projected point
 
 In attention (:class:`WorldRoPE`, called by ``jaxwm.models.attention``) keys keep only the temporal RoPE; a
 linear head on each key token's input gives its hypotheses; for every query frame the keys'
-h/w pairs are multiplied by their expected factor in that view (:func:`transform_keys`) and
-each query frame attends with its own keys (:func:`per_view_attention`). The KV cache keeps
-the pre-transform keys and each key's Gaussians.
+h/w pairs are multiplied by their expected factor in that view (:func:`view_factors`) and
+each query frame attends with its own keys (``jaxwm.kernels.per_view_attention``: ``cpu_flash`` rotates the keys
+inside its kernel). The KV cache keeps the pre-transform keys and each key's Gaussians.
 """
+
 
 import functools
 
@@ -32,6 +33,8 @@ from jaxwm import kernels
 from jaxwm.encodings.base import CameraEncoding, ChannelPlan, per_token
 from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims, rope_frequencies
 from jaxwm.geometry.cameras import token_pixel_centers
+from jaxwm.layers import batch_mesh_axes
+from jaxwm.ops.attention import pair_channels, per_view_logits, rotate_pairs
 from jaxwm.ops.sincos import sincos
 
 
@@ -208,17 +211,14 @@ def key_gaussians(raw, uv, intrinsics, c2w, patch_pixels, depth_init):
   return {"mean": mean, "root": root, "alpha": jax.nn.softmax(logits, axis=-1)}
 
 
-def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token, per_view=False):
-  """The pairs ``pair_idx`` of every key as seen from each query view: ``k [B, Lk, H, D]`` ->
-  ``[B, Fq, Lk, H, 2 P]`` (channels ``2p, 2p + 1`` of each pair, in ``pair_idx`` order).
-
-  Each pair is multiplied (as a complex number) by the expected rotary factor of the key's Gaussians
-  projected into query view ``f`` (token-grid units). The other channels do not depend on the view and
-  are not repeated per view (:func:`per_view_attention` takes them from ``k``).
+def view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, per_view=False):
+  """The expected rotary factor of every key in each query view: ``factors [B, Fq, Lk, P, 2]`` (re, im) float32, for
+  the key Gaussians ``gauss`` (``mean [B, Lk, M, 3]``, ``root``, ``alpha``) projected into the query cameras
+  ``q_intrinsics [B, Fq, 3, 3]``, ``q_c2w [B, Fq, 4, 4]`` (token-grid units), at the frequencies ``freqs [P, 2]``.
 
   ``per_view=True`` (the sampler: :meth:`WorldRoPE.cache_views`, and the chunk's own keys in its forwards): the
   same values from a loop over the query views with the factor's terms written out (:func:`_project_terms`,
-  :func:`_factor_terms`), so that XLA computes each factor once (fused into the product below, it was recomputed
+  :func:`_factor_terms`), so that XLA computes each factor once (fused into the keys' product, it was recomputed
   for every head and channel): 5x faster forward on CPU (BENCHMARKS.md, "WorldRoPE's views of the sampler's
   cache"). Its backward is slower than the vectorised form's, which training keeps.
   """
@@ -236,77 +236,47 @@ def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_to
     # pixel -> token-grid coordinates (token centres at integers)
     re, im = expected_rotary_factor(gauss["alpha"][:, None], mean2 / s - 0.5, root2 / s, ok,
                                     jnp.asarray(freqs))  # [B, Fq, Lk, P]
-  pairs = np.asarray(pair_idx)
-  kp = k.astype(jnp.float32).reshape(k.shape[:-1] + (k.shape[-1] // 2, 2))[:, :, :, pairs]  # [B, Lk, H, P, 2]
-  k0, k1 = kp[:, None, ..., 0], kp[:, None, ..., 1]  # [B, 1, Lk, H, P]
-  re, im = re[:, :, :, None, :], im[:, :, :, None, :]
-  new = jnp.stack([k0 * re - k1 * im, k0 * im + k1 * re], -1)  # [B, Fq, Lk, H, P, 2]
-  return new.reshape(new.shape[:-2] + (2 * len(pairs),)).astype(k.dtype)
+  return jnp.stack([re, im], -1)
 
 
-def pair_channels(pair_idx):
-  """Head channels of the pairs ``pair_idx`` in :func:`transform_keys`'s order (static)."""
-  return np.asarray([c for p in pair_idx for c in (2 * p, 2 * p + 1)], np.int32)
+def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token, per_view=False):
+  """The pairs ``pair_idx`` of every key as seen from each query view: ``k [B, Lk, H, D]`` ->
+  ``[B, Fq, Lk, H, 2 P]`` (channels ``2p, 2p + 1`` of each pair, in ``pair_idx`` order).
 
-
-def _per_view_logits(q_ch, k_views, q_rest, k_rest, *, scale):
-  """``[B, H, Fq * N, Lk]`` float32: ``(q_ch . k_views[f] + q_rest . k_rest) * scale`` for the query frames ``f``
-  (``q_ch``, ``q_rest`` ``[B, Fq, N, H, .]``)."""
-  b, fq, n, h, _ = q_ch.shape
-  logits = jnp.einsum("bfnhc,bfkhc->bhfnk", q_ch, k_views, preferred_element_type=jnp.float32)
-  if q_rest.shape[-1]:
-    logits = logits + jnp.einsum("bfnhc,bkhc->bhfnk", q_rest, k_rest, preferred_element_type=jnp.float32)
-  return logits.reshape(b, h, fq * n, -1) * scale
-
-
-def per_view_attention(q, k, k_views, v, mask, tokens_per_frame, channels, impl="xla"):
-  """Softmax attention where each query frame ``f`` sees the keys' ``channels`` as ``k_views[:, f]``.
-
-  Args:
-    q: ``[B, Fq * N, H, D]``; k: ``[B, Lk, H, D]`` (the view-independent channels are read from it);
-      k_views: ``[B, Fq, Lk, H, C]``, the ``C`` = len(``channels``) view-dependent channels;
-      v: ``[B, Lk, H, D]``; mask: bool broadcastable to ``[B, Fq * N, Lk]`` or None.
-    impl: ``model.attention_impl`` (``jaxwm.kernels.softmax_attention``: ``xla`` or ``xla_lse``).
-
-  Returns:
-    ``[B, Fq * N, H, D]``: ``softmax((q_rest . k_rest + q_ch . k_views[f]) / sqrt(D)) v``.
+  Each pair is multiplied (as a complex number) by the expected rotary factor of the key's Gaussians
+  projected into query view ``f`` (:func:`view_factors`; ``jaxwm.ops.attention.rotate_pairs``). The other channels
+  do not depend on the view and are not repeated per view (the per-view attention takes them from ``k``).
   """
-  b, _, h, d = q.shape
-  fq = k_views.shape[1]
-  qf = q.reshape(b, fq, tokens_per_frame, h, d)
-  rest = np.setdiff1d(np.arange(d), channels)
-  args = (qf[..., channels], k_views, qf[..., rest], k[..., rest])
-  out = kernels.softmax_attention(functools.partial(_per_view_logits, scale=d**-0.5), args, v, mask, impl=impl)
-  return out.astype(q.dtype)
+  factors = view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, per_view)
+  return rotate_pairs(k, factors, pair_idx)
 
 
-def per_view_attention_cached(q, cache, own, mask, tokens_per_frame, channels):
-  """:func:`per_view_attention` over ``[cache; own]`` keys without concatenating them (the sampler's forwards).
+def per_view_attention_cached(q, cache, own, mask, channels):
+  """Per-view attention (``jaxwm.ops.attention.per_view_attention``) over ``[cache; own]`` keys without
+  concatenating them (the sampler's forwards), with the keys' views given (:func:`transform_keys`).
 
   Args:
     q: ``[B, Fq * N, H, D]`` (RoPE applied).
-    cache, own: ``(k [B, L, H, D], k_views [B, Fq, L, H, C], v [B, L, H, D])`` each, ``L = Lc`` and ``Lo``, as
-      :func:`per_view_attention` takes them.
+    cache, own: ``(k [B, L, H, D], k_views [B, Fq, L, H, C], v [B, L, H, D])`` each, ``L = Lc`` and ``Lo``; the
+      ``C = len(channels)`` view-dependent channels of ``k`` are read from ``k_views``.
     mask: bool broadcastable to ``[B, Fq * N, Lc + Lo]`` (or ``[B, H, Fq * N, Lc + Lo]``), or None.
 
   The softmax over both blocks is taken with one shared maximum ``m = max(max_c, max_o)``:
 
       out = (exp(l_c - m) v_c + exp(l_o - m) v_o) / (sum exp(l_c - m) + sum exp(l_o - m)),
 
-  which is :func:`per_view_attention` on the concatenated keys, exactly in real arithmetic (the tests compare the
+  which is the per-view attention on the concatenated keys, exactly in real arithmetic (the tests compare the
   two, values and gradients); a forward copies no cached key into a concatenation (on CPU that copy, with its
   layout change, was a tenth of the sampler's forward). Returns ``[B, Fq * N, H, D]`` in ``q``'s dtype.
   """
-  b, _, h, d = q.shape
-  fq = own[1].shape[1]
-  qf = q.reshape(b, fq, tokens_per_frame, h, d)
+  d = q.shape[-1]
   rest = np.setdiff1d(np.arange(d), channels)
-  q_ch, q_rest = qf[..., channels], qf[..., rest]
+  q_ch, q_rest = q[..., channels], q[..., rest]
   lc = cache[0].shape[1]
   masks = (None, None) if mask is None else (mask[..., :lc], mask[..., lc:])
   logits = []
   for (k, k_views, _), m in zip((cache, own), masks):
-    l = _per_view_logits(q_ch, k_views, q_rest, k[..., rest], scale=d**-0.5)  # [B, H, Fq * N, L]
+    l = per_view_logits(q_ch, k_views, q_rest, k[..., rest], scale=d**-0.5)  # [B, H, Fq * N, L]
     if m is not None:
       m = jnp.asarray(m)
       l = jnp.where(m[:, None] if m.ndim == 3 else m, l, -jnp.inf)
@@ -395,21 +365,24 @@ class WorldRoPE(CameraEncoding):
     own = {"k": k, "v": v, **{f"wr_{name}": gauss[name] for name in self._GAUSS}}
     keys = dict(own, k=apply_rotary(k, queries.rope * keep))  # keys: time RoPE only, at their positions
     pairs, freqs = self._pairs(cfg)
-    view = lambda ks, per_view=False: transform_keys(  # pylint: disable=unnecessary-lambda-assignment
-        ks["k"], {n: ks[f"wr_{n}"] for n in self._GAUSS}, cam.q_k, cam.q_c2w, freqs, pairs, pixels, per_view)
+    gauss_of = lambda ks: {n: ks[f"wr_{n}"] for n in self._GAUSS}  # pylint: disable=unnecessary-lambda-assignment
     hoisted = None if cache_kv is None else cache_kv.get("wr_views")  # the cache's views, from cache_views
     channels = pair_channels(pairs)
-    n = q.shape[1] // cam.q_k.shape[1]
     if hoisted is not None:  # the sampler (cache_views): the cache's blocks apart from the own chunk's
       old_k = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
       out = per_view_attention_cached(q, (old_k, hoisted.astype(k.dtype), cache_kv["v"].astype(v.dtype)),
-                                      (keys["k"], view(keys, per_view=True), v), mask, n, channels)
+                                      (keys["k"], transform_keys(keys["k"], gauss_of(keys), cam.q_k, cam.q_c2w, freqs,
+                                                                 pairs, pixels, per_view=True), v), mask, channels)
       return out, own
     if cache_kv is not None:
       old = {name: cache_kv[name] for name in keys}
       old["k"] = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
       keys = {name: jnp.concatenate([old[name].astype(a.dtype), a], axis=1) for name, a in keys.items()}
-    return per_view_attention(q, keys["k"], view(keys), keys["v"], mask, n, channels, impl=cfg.attention_impl), own
+    factors = jax.checkpoint(functools.partial(view_factors, freqs=freqs, pixels_per_token=pixels))(
+        gauss_of(keys), cam.q_k, cam.q_c2w)
+    out = kernels.per_view_attention(q, keys["k"], keys["v"], factors, pairs, mask, scale=q.shape[-1] ** -0.5,
+                                     impl=cfg.attention_impl, batch_axes=batch_mesh_axes())
+    return out, own
 
 
 ENCODING = WorldRoPE()

@@ -174,10 +174,13 @@ class ModelConfig:
     dtype: compute dtype name (``float32`` / ``bfloat16``); parameters stay float32.
     remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
-    attention_impl: dense attention (``jaxwm.kernels.dot_product_attention``): ``xla`` (the reference) |
-      ``xla_lse`` (the default: its maths, a backward keeping the log-sum-exp, not the probabilities) |
-      ``cpu_flash`` (the same as one C++ kernel for XLA:CPU, built with g++ at first use; float32) |
-      ``splash`` (TPU splash attention; ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto``.
+    attention_impl: self-attention (``jaxwm.kernels.dot_product_attention``; WorldRoPE's
+      ``jaxwm.kernels.per_view_attention``): ``xla`` (the reference) | ``xla_lse`` (its maths, a backward keeping
+      the log-sum-exp, not the probabilities) | ``cpu_flash`` (the same as one C++ kernel for XLA:CPU, built with
+      g++ at first use; float32, masks shared by the heads) | ``splash`` (TPU splash attention;
+      ``attention.interpret`` runs it on CPU) | ``cudnn`` (GPU) | ``auto`` (the default: the fastest that takes
+      the inputs where the program runs, ``jaxwm.kernels.resolve_attention_impl``; on CPU ``cpu_flash``, or
+      ``xla_lse`` where it does not apply or no C++ compiler is found).
     attention: frame sparsity of self-attention (:class:`AttentionConfig`).
     loci: LOCI hybrid blocks with recurrent memory (:class:`LociConfig`).
   """
@@ -197,7 +200,7 @@ class ModelConfig:
   dtype: str = dataclasses.field(default="float32", metadata=RUNTIME)
   remat: str = dataclasses.field(default="none", metadata=RUNTIME)
   scan_unroll: int = dataclasses.field(default=1, metadata=RUNTIME)
-  attention_impl: str = dataclasses.field(default="xla_lse", metadata=RUNTIME)
+  attention_impl: str = dataclasses.field(default="auto", metadata=RUNTIME)
   camera: CameraConfig = CameraConfig()
   attention: AttentionConfig = AttentionConfig()
   loci: LociConfig = LociConfig()

@@ -5,6 +5,7 @@ TPU splash attention (``pallas_kernels.splash_attention``) to the names here.
 """
 
 import dataclasses
+import functools
 import logging
 
 import flax
@@ -135,6 +136,57 @@ def softmax_attention(logits, args, v, mask=None):
     s = jnp.where(mask[:, None] if mask.ndim == 3 else mask, s, -jnp.inf)
   probs = jax.nn.softmax(s, axis=-1)
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
+def per_view_logits(q_views, k_views, q_shared, k_shared, *, scale):
+  """``[B, H, Lq, Lk]`` float32: ``scale (q_views_i . k_views[f]_j + q_shared_i . k_shared_j)`` with ``f`` query
+  ``i``'s frame (WorldRoPE's per-view keys). ``q_views [B, Lq, H, C]``, ``k_views [B, F, Lk, H, C]``, ``q_shared
+  [B, Lq, H, R]``, ``k_shared [B, Lk, H, R]``; ``Lq = F N``, frame ``f`` the queries ``f N .. f N + N - 1``."""
+  b, lq, h, c = q_views.shape
+  f = k_views.shape[1]
+  qf = q_views.reshape(b, f, lq // f, h, c)
+  logits = jnp.einsum("bfnhc,bfkhc->bhfnk", qf, k_views, preferred_element_type=jnp.float32)
+  logits = logits.reshape(b, h, lq, -1)
+  if q_shared.shape[-1]:
+    logits = logits + jnp.einsum("bqhc,bkhc->bhqk", q_shared, k_shared, preferred_element_type=jnp.float32)
+  return logits * scale
+
+
+def pair_channels(pairs):
+  """Head channels of the channel pairs ``pairs`` (pair ``c`` is channels ``2c, 2c + 1``), in order (static)."""
+  return np.asarray([c for p in pairs for c in (2 * p, 2 * p + 1)], np.int32)
+
+
+def rotate_pairs(k, factors, pairs):
+  """Keys as each query view sees them: ``k [B, Lk, H, D]``'s channel ``pairs`` (pair ``c`` is channels ``2c,
+  2c + 1``), as complex numbers, times ``factors [B, F, Lk, P, 2]`` (re, im) -> ``[B, F, Lk, H, 2P]`` (the pairs'
+  channels in :func:`pair_channels` order) in ``k``'s dtype: WorldRoPE's expected rotary factor of each key in each
+  view, the same for every head."""
+  b, lk, h, _ = k.shape
+  kp = k[..., pair_channels(pairs)].astype(jnp.float32).reshape(b, 1, lk, h, len(pairs), 2)
+  re, im = factors[:, :, :, None, :, 0], factors[:, :, :, None, :, 1]  # [B, F, Lk, 1, P]
+  out = jnp.stack([kp[..., 0] * re - kp[..., 1] * im, kp[..., 0] * im + kp[..., 1] * re], -1)
+  return out.reshape(out.shape[:4] + (2 * len(pairs),)).astype(k.dtype)
+
+
+def per_view_views(q, k, factors, pairs):
+  """:func:`per_view_logits`' arguments ``(q_views, k_views, q_shared, k_shared)`` for :func:`per_view_attention`'s
+  inputs: the rotated pairs' channels and the others."""
+  channels = pair_channels(pairs)
+  rest = np.setdiff1d(np.arange(q.shape[-1]), channels)
+  return q[..., channels], rotate_pairs(k, factors, pairs), q[..., rest], k[..., rest]
+
+
+def per_view_attention(q, k, v, factors, pairs, mask=None, *, scale):
+  """Softmax attention whose keys depend on the query frame (WorldRoPE): query frame ``f`` sees ``k`` with its
+  channel ``pairs`` rotated by ``factors[:, f]`` (:func:`rotate_pairs`), the other channels as they are.
+
+  ``q [B, F N, H, D]``, ``k [B, Lk, H, D]``, ``v [B, Lk, H, Dv]``, ``factors [B, F, Lk, P, 2]``, ``pairs`` the ``P``
+  pair indices (static), ``mask`` bool broadcastable to ``[B, F N, Lk]`` or None -> ``[B, F N, H, Dv]`` in ``v``'s
+  dtype.
+  """
+  logits = functools.partial(per_view_logits, scale=scale)
+  return softmax_attention(logits, per_view_views(q, k, factors, pairs), v, mask)
 
 
 def pad_to_even(q, k, v, mask):

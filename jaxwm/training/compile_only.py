@@ -149,11 +149,13 @@ def compile_sample(config, devices):
   ctx = put(jax.ShapeDtypeStruct((1, 1, cfg.text_dim), jnp.float32)) if cfg.cross_attn else None
   rng = put(jax.ShapeDtypeStruct((), jax.random.key(0).dtype)) if cfg.attention.sparse else None
   schedule = flow.sampling_schedule(config.sample.num_steps, config.sample.shift)
-  denoise = jax.jit(streaming.denoise, static_argnames=("model", "guidance")).lower(
-      model=model, variables=variables, cache=cache, noise=x, frame_pos=pos, schedule=put(schedule), context=ctx,
-      guidance=1.0, cameras=cams, rng=rng).compile()
-  commit = jax.jit(streaming.commit, static_argnums=(0,)).lower(model, variables, cache, x, pos, ctx, cams,
-                                                               rng).compile()
+  from jaxwm.training.sharding import make_mesh  # pylint: disable=g-import-not-at-top
+  with jax.set_mesh(make_mesh(1, 1, devices[:1])):  # traced for that device's platform (attention_impl="auto")
+    denoise = jax.jit(streaming.denoise, static_argnames=("model", "guidance")).lower(
+        model=model, variables=variables, cache=cache, noise=x, frame_pos=pos, schedule=put(schedule), context=ctx,
+        guidance=1.0, cameras=cams, rng=rng).compile()
+    commit = jax.jit(streaming.commit, static_argnums=(0,)).lower(model, variables, cache, x, pos, ctx, cams,
+                                                                 rng).compile()
   once = model_flops(cfg, variables["params"], chunk * n, attended_keys(cfg, d.num_frames + chunk, chunk, n), context=1,
                      backward=False, frames=chunk)
   return (denoise, once * config.sample.num_steps), (commit, once)
