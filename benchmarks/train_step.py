@@ -12,14 +12,16 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
 
 Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update). The script restarts
 once with huge pages for ``malloc``, as ``train.py`` does (:mod:`jaxwm.utils.hugepages`); ``JAXWM_HUGEPAGES=0``
-runs it without (the torch step shares the process, so both sides get the same allocator). ``faults/step``: minor
-page faults per jaxwm step.
+runs it without. Torch's step runs alone in a child process with its default allocator (:func:`bench_torch_alone`;
+until 2026-12-05 it shared jaxwm's process, which slowed it). ``faults/step``: minor page faults per jaxwm step.
 """
 
 import argparse
 import functools
+import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -64,9 +66,9 @@ def jaxwm_train_step(config, workdir="/tmp/jaxwm_bench"):
 
 
 def _xla_flops(config):
-  """XLA's count of the real step's FLOPs. A C++ kernel (``cpu_flash``) is opaque to XLA's cost analysis, so its
-  step is counted with ``xla_lse`` in its place: the same arithmetic."""
-  if config.model.attention_impl == "cpu_flash":
+  """XLA's count of the real step's FLOPs. A C++ kernel (``cpu_flash``, and ``auto``, which picks it on CPU) is
+  opaque to XLA's cost analysis, so its step is counted with ``xla_lse`` in its place: the same arithmetic."""
+  if config.model.attention_impl in ("cpu_flash", "auto"):
     config = config.copy_and_resolve_references()
     config.model.attention_impl = "xla_lse"
   tr, state, batch, key = jaxwm_train_step(config)
@@ -211,6 +213,18 @@ def bench_torch(config, steps, threads):
   return (time.perf_counter() - t0) / steps, tokens
 
 
+def bench_torch_alone(name, steps, threads):
+  """:func:`bench_torch` of config ``name`` in a fresh process without huge pages (torch's default): run in the
+  same process as XLA's step, torch's step was up to 40% slower (both thread pools compete for the cores)."""
+  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+  env["JAXWM_HUGEPAGES"] = "0"
+  cmd = [sys.executable, os.path.abspath(__file__), "--torch-only", name, "--steps", str(steps), "--torch-threads",
+         str(threads)]
+  out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  return r["s"], r["tokens"]
+
+
 def _tiny_patch2():
   """The tiny model as it was until 2026-12-02: 16 tokens of 8x8 pixels per frame (the baseline of patch 1)."""
   c = tiny.get_config()
@@ -236,11 +250,11 @@ CONFIGS = {"tiny": tiny.get_config, "tiny_p2": _tiny_patch2, "small": small.get_
 
 
 def main():
-  hugepages.reexec()
   p = argparse.ArgumentParser()
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--configs", default="tiny,small")
   p.add_argument("--torch-threads", type=int, default=os.cpu_count())
+  p.add_argument("--torch-only", default=None, help=argparse.SUPPRESS)
   p.add_argument("--attention-impls", default="",
                  help="comma-separated model.attention_impl values, one row each (default: the config's)")
   p.add_argument("--remat", default="",
@@ -248,6 +262,13 @@ def main():
   args = p.parse_args()
   if args.steps < 1:
     p.error(f"--steps: {args.steps} is not a positive integer")
+  if args.torch_only:  # the child process of bench_torch_alone
+    config = CONFIGS[args.torch_only]()
+    resolve_batch_size(config, 1)
+    dt, tokens = bench_torch(config, args.steps, args.torch_threads)
+    print(json.dumps({"s": dt, "tokens": tokens}))
+    return
+  hugepages.reexec()
   names = args.configs.split(",")
   for name in names:
     if name not in CONFIGS:
@@ -282,7 +303,7 @@ def main():
       dt, tokens, flops, faults = bench_jaxwm(config, args.steps)
       bdt, btok = bench_jaxwm_backbone(config, args.steps)
       if torch_dt is None:  # torch once per config: the same step whatever jaxwm's impl
-        torch_dt = bench_torch(config, args.steps, args.torch_threads)
+        torch_dt = bench_torch_alone(name, args.steps, args.torch_threads)
       tdt, ttok = torch_dt
       cfg = ModelConfig.from_dict(config.model)
       n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6

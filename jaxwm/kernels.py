@@ -150,13 +150,13 @@ def target_platform():
   return device.platform if device is not None else jax.default_backend()
 
 
-def resolve_attention_impl(impl, dtype=jnp.float32, mask=None, per_view=False):
+def resolve_attention_impl(impl, arrays=(), mask=None, per_view=False):
   """``impl`` of :func:`dot_product_attention` (``per_view``: :func:`per_view_attention`); ``"auto"`` resolved for
-  :func:`target_platform` and the inputs (their ``dtype``, ``mask``), logged:
+  :func:`target_platform` and the inputs (``arrays``: ``q, k, v`` (and the factors), ``mask``), logged:
 
   - CPU: ``cpu_flash`` where it takes the inputs (float32, a mask shared by the heads, its C++ kernel built: a
-    compiler found), else ``xla_lse`` (the log names the reason);
-  - TPU: ``splash``; GPU: ``cudnn`` for bfloat16 / float16, else ``xla_lse``; ``xla_lse`` for per-view keys there.
+    compiler found; ``cpu_attention.unsupported``), else ``xla_lse`` (the log names the reason);
+  - TPU: ``splash``; CUDA GPU: ``cudnn`` for bfloat16 / float16 inputs; ``xla_lse`` otherwise and for per-view keys.
 
   ``ValueError`` naming the value and :data:`ATTENTION_IMPLS` otherwise."""
   if impl not in ATTENTION_IMPLS:
@@ -166,14 +166,16 @@ def resolve_attention_impl(impl, dtype=jnp.float32, mask=None, per_view=False):
   platform = target_platform()
   why = ""
   if platform == "cpu":
-    why = cpu_attention.unsupported(dtype, mask)
+    why = cpu_attention.unsupported(arrays, mask)
     impl = "xla_lse" if why else "cpu_flash"
   elif per_view:
     impl = "xla_lse"
   elif platform == "tpu":
     impl = "splash"
+  elif platform in ("gpu", "cuda") and arrays and all(a.dtype in (jnp.bfloat16, jnp.float16) for a in arrays):
+    impl = "cudnn"
   else:
-    impl = "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla_lse"
+    impl = "xla_lse"
   logging.info("model.attention_impl 'auto' resolved to %r for platform %r%s", impl, platform,
                f" (cpu_flash: {why})" if why else "")
   return impl
@@ -194,7 +196,7 @@ def dot_product_attention(q, k, v, mask=None, *, scale=None, impl="xla", interpr
   raises ``ValueError`` (:func:`only_on`; nothing falls back). ``cudnn`` raises ``ValueError`` when
   traced where jax finds no cuDNN.
   """
-  impl = resolve_attention_impl(impl, q.dtype, mask)
+  impl = resolve_attention_impl(impl, (q, k, v), mask)
   if impl == "cudnn":
     try:
       return attn_ref.dot_product_attention(q, k, v, mask, scale=scale, impl="cudnn")
@@ -268,7 +270,7 @@ def per_view_attention(q, k, v, factors, pairs, mask=None, *, scale, impl="xla",
   ``P`` rotated channel pairs (static), ``mask`` bool broadcastable to ``[B, F N, Lk]`` or None -> ``[B, F N, H, Dv]``
   in ``v``'s dtype.
   """
-  impl = resolve_attention_impl(impl, q.dtype, mask, per_view=True)
+  impl = resolve_attention_impl(impl, (q, k, v, factors), mask, per_view=True)
   if impl == "xla":
     return attn_ref.per_view_attention(q, k, v, factors, pairs, mask, scale=scale)
   if impl == "xla_lse":

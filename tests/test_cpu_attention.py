@@ -205,22 +205,98 @@ def test_per_view_per_batch_shard_on_a_mesh_equals_one_device():
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
 
 
-def test_auto_picks_cpu_flash_on_cpu_where_it_applies():
+def test_auto_picks_cpu_flash_on_cpu_where_it_applies(tmp_path, monkeypatch, caplog):
   """``model.attention_impl="auto"`` (the default) on CPU: ``cpu_flash`` for float32 inputs and masks shared by the
-  heads, dense or per view; ``xla_lse`` otherwise. Under an abstract TPU mesh: splash, and ``xla_lse`` per view."""
-  assert kernels.resolve_attention_impl("auto") == "cpu_flash"
-  assert kernels.resolve_attention_impl("auto", jnp.float32, MASKS["one_head"], per_view=True) == "cpu_flash"
-  assert kernels.resolve_attention_impl("auto", jnp.bfloat16) == "xla_lse"
-  assert kernels.resolve_attention_impl("auto", jnp.float32, _random_mask((B, H, LQ, LK))) == "xla_lse"
-  assert kernels.resolve_attention_impl("cpu_flash", jnp.bfloat16) == "cpu_flash"  # asked for: refused later
+  heads (arrays, broadcast ones, frame masks), dense or per view; ``xla_lse`` for another dtype in any input, a
+  per-head mask, or a kernel that cannot be built here (a warning says why; nothing raises). Under an abstract TPU
+  mesh: splash, and ``xla_lse`` per view."""
+  FrameMask, StaticFrameMask = attn_ref.FrameMask, attn_ref.StaticFrameMask  # pylint: disable=invalid-name
+  resolve = kernels.resolve_attention_impl
+  q, k, v, _ = _inputs(lq=40, lk=40)
+  frames = np.tril(np.ones((5, 5), bool))
+  assert resolve("auto", (q, k, v)) == "cpu_flash"
+  assert resolve("auto", (q, k, v), MASKS["one_head"][..., :40, :40], per_view=True) == "cpu_flash"
+  assert resolve("auto", (q, k, v), jnp.ones((B, 1, 40), bool)) == "cpu_flash"
+  assert resolve("auto", (q, k, v), StaticFrameMask(frames, 8)) == "cpu_flash"
+  assert resolve("auto", (q, k, v), FrameMask(jnp.asarray(np.stack([frames] * B))[:, None], 8)) == "cpu_flash"
+  assert resolve("auto", (q, k.astype(jnp.bfloat16), v)) == "xla_lse"
+  assert resolve("auto", (q, k, v), _random_mask((B, H, 40, 40))) == "xla_lse"
+  assert resolve("auto", (q, k, v), FrameMask(jnp.ones((B, H, 5, 5), bool), 8)) == "xla_lse"
+  assert resolve("cpu_flash", (q.astype(jnp.bfloat16),)) == "cpu_flash"  # asked for: refused later, by name
+  # a broadcast mask through auto, end to end
+  m = _random_mask((B, 1, 40), 4)
+  np.testing.assert_allclose(np.asarray(kernels.dot_product_attention(q, k, v, m, impl="auto")),
+                             np.asarray(attn_ref.dot_product_attention(q, k, v, m)), atol=2e-5)
+  # no kernel here: a compiler that is not there, an empty cache, nothing loaded yet
+  from xla_kernels import cpu_attention  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cpu_attention, "_loaded", [])
+  monkeypatch.setattr(cpu_attention, "_unavailable", [])
+  monkeypatch.setenv("CXX", "no-such-compiler")
+  monkeypatch.setenv("JAXWM_KERNEL_CACHE", str(tmp_path))
+  with caplog.at_level("WARNING"):
+    assert resolve("auto", (q, k, v)) == "xla_lse"
+    assert resolve("auto", (q, k, v)) == "xla_lse"  # found once
+  assert sum("cpu_flash kernel is unavailable here" in r.message and "g++ (or $CXX)" in r.message
+             for r in caplog.records) == 1
+  monkeypatch.undo()
   from jaxwm.training.compile_only import topology_devices  # pylint: disable=g-import-not-at-top
   try:
     devices = topology_devices("v5p:2x2x1")
   except ValueError as e:  # no libtpu here
     pytest.skip(str(e))
   with jax.set_mesh(jax.sharding.Mesh(np.asarray(devices).reshape(-1), ("data",))):
-    assert kernels.resolve_attention_impl("auto") == "splash"
-    assert kernels.resolve_attention_impl("auto", per_view=True) == "xla_lse"
+    assert resolve("auto", (q, k, v)) == "splash"
+    assert resolve("auto", (q, k, v), per_view=True) == "xla_lse"
+
+
+def test_many_threads_give_the_same_values(monkeypatch):
+  """The units split over 3 OpenMP threads (races between units, the per-thread key buffers, the factor gradient's
+  sum over heads after the barrier) give what one thread gives, dense and per view."""
+  from xla_kernels import cpu_attention  # pylint: disable=g-import-not-at-top
+  q, k, v, fac, g = _per_view_inputs(3, 70, 45, 8, (0, 2), b=3)
+  mask = _random_mask((3, 210, 45), 9)
+
+  def run(*a):
+    out, pull = jax.vjp(lambda *x: kernels.per_view_attention(*x, (0, 2), mask, scale=0.3, impl="cpu_flash"), *a)
+    dense, pull_dense = jax.vjp(lambda *x: kernels.dot_product_attention(*x, mask, impl="cpu_flash"), *a[:3])
+    return (out, *pull(g), dense, *pull_dense(g))
+
+  results = []
+  for n in (1, 3):
+    monkeypatch.setattr(cpu_attention, "threads", lambda n=n: n)
+    results.append(jax.jit(run)(q, k, v, fac))
+  for x, y in zip(*results):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+
+
+def test_per_view_edge_rows_and_vmap():
+  """Per view: a query with no key gets 0 and passes no gradient; a NaN in a masked-out key changes nothing
+  (the reference masks it with -inf); a NaN in a kept key reaches its queries; under ``vmap`` (one call per
+  element) the values are those of each element alone."""
+  q, k, v, fac, g = _per_view_inputs(2, 9, 13, 8, (1, 3), b=2)
+  mask = np.asarray(_random_mask((2, 18, 13), 3)).copy()
+  mask[1, 4] = False
+  mask[:, :, 5] = False  # key 5: masked out for every query
+
+  def run(impl, k):
+    return jax.vjp(lambda *x: kernels.per_view_attention(*x, (1, 3), jnp.asarray(mask), scale=0.3, impl=impl),
+                   q, k, v, fac)
+
+  out, pull = run("cpu_flash", k)
+  dq = pull(g)[0]
+  assert not np.asarray(out[1, 4]).any() and not np.asarray(dq[1, 4]).any()
+  k_nan = k.at[:, 5].set(jnp.nan)
+  got, want = run("cpu_flash", k_nan)[0], run("xla", k_nan)[0]
+  keep = np.ones(got.shape, bool)
+  keep[1, 4] = False  # the reference gives NaN where no key is kept
+  assert np.isfinite(np.asarray(got)).all()
+  np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], atol=2e-5)
+  mask[:, :, 5] = True
+  assert np.isnan(np.asarray(run("cpu_flash", k_nan)[0])[0, 0]).all()
+  per = lambda q, k, v, fac: kernels.per_view_attention(q, k, v, fac, (1, 3), scale=0.3, impl="cpu_flash")  # pylint: disable=unnecessary-lambda-assignment
+  stacked = jax.vmap(per)(*(jnp.stack([a, a * 0.5]) for a in (q, k, v, fac)))
+  for i, s in enumerate((1.0, 0.5)):
+    np.testing.assert_allclose(np.asarray(stacked[i]), np.asarray(per(q * s, k * s, v * s, fac * s)), atol=1e-6)
 
 
 def test_small_worldrope_model_loss_and_gradients_match():

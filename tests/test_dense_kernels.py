@@ -232,7 +232,7 @@ def test_impls_are_checked_and_never_fall_back():
     jax.jit(jax.grad(lambda q: splash(q, k, v).sum()))(q)
   with pytest.raises(ValueError, match=refused + "cuda"):
     _cuda_export(splash, q, k, v)
-  assert kernels.resolve_attention_impl("auto", jnp.bfloat16) == "xla_lse"  # on CPU (cpu_flash: float32 only)
+  assert kernels.resolve_attention_impl("auto", (q.astype(jnp.bfloat16),)) == "xla_lse"  # CPU: cpu_flash is float32
   from conftest import tiny_config  # pylint: disable=g-import-not-at-top
   from jaxwm import config_checks  # pylint: disable=g-import-not-at-top
   c = tiny_config()

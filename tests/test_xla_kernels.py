@@ -156,7 +156,7 @@ def assert_same_loss_and_grads(got, want):
 
 def test_tiny_model_loss_and_gradients_match():
   """The teacher-forcing loss of a small WorldRoPE model (per-view attention) and its parameter gradients:
-  ``xla_lse`` equals ``xla``. (Dense attention in a model: ``xla_lse`` is the default, and the Wan parity tests
-  check the default model against diffusers.)"""
+  ``xla_lse`` equals ``xla``. (Dense attention in a model: the Wan parity tests check the default model, whose
+  ``auto`` is ``cpu_flash`` on CPU with g++ and ``xla_lse`` without, against diffusers.)"""
   want, got = model_loss_and_grads(("xla", "xla_lse"), "worldrope", "hw")
   assert_same_loss_and_grads(got, want)

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -66,6 +67,21 @@ static Shapes shapes_of(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F
            P ? (int)fac.dimensions()[1] : 1, 0, (int)mask.dimensions()[0]};
   s.N = s.Lq / s.F;
   return s;
+}
+
+// The shapes the kernel relies on (the Python side checks them too): an error names the first that does not hold.
+static ffi::Error check(const Shapes& s, const ffi::Buffer<ffi::F32>& k, const ffi::Buffer<ffi::F32>& fac,
+                        const ffi::Buffer<ffi::S32>& pair_idx, int64_t has_mask) {
+  auto kd = k.dimensions();
+  if (kd[0] != s.B || kd[2] != s.H || kd[3] != s.D) return ffi::Error::InvalidArgument("cpu_attention: k's shape");
+  if (s.Lq % s.F) return ffi::Error::InvalidArgument("cpu_attention: queries not a multiple of the views");
+  if (s.P && (fac.dimensions()[0] != s.B || fac.dimensions()[2] != s.Lk || (int)pair_idx.element_count() != s.P))
+    return ffi::Error::InvalidArgument("cpu_attention: factors' shape");
+  for (int p = 0; p < s.P; ++p)
+    if (pair_idx.typed_data()[p] < 0 || 2 * pair_idx.typed_data()[p] + 1 >= s.D)
+      return ffi::Error::InvalidArgument("cpu_attention: a pair outside the head");
+  if (has_mask && (s.Bm != 1 && s.Bm != s.B)) return ffi::Error::InvalidArgument("cpu_attention: mask's batch");
+  return ffi::Error::Success();
 }
 
 // One (batch, head)'s rows of q, k, v and its batch element's factors [F, Lk, P, 2].
@@ -126,7 +142,7 @@ static float softmax_row(float* s, const uint8_t* keep, int n) {
 #pragma omp simd reduction(max : mx) reduction(| : any, nan)
     for (int j = 0; j < n; ++j) {
       any |= keep[j] != 0;
-      nan |= s[j] != s[j];
+      nan |= (keep[j] != 0) & (s[j] != s[j]);  // a NaN in a masked-out key stays out, as in the reference
       mx = std::max(mx, keep[j] ? s[j] : -FLT_MAX);
     }
   } else {
@@ -169,6 +185,7 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
                           int64_t has_mask, int64_t block_attr, int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_attention: no sgemm set");
   const Shapes s = shapes_of(q, v, fac, mask);
+  if (ffi::Error e = check(s, k, fac, pair_idx, has_mask); e.failure()) return e;
   const int block = (int)block_attr, blocks = (s.N + block - 1) / block, units = s.B * s.H * s.F * blocks;
   const uint8_t* M = has_mask ? mask.typed_data() : nullptr;
   const int32_t* pairs = pair_idx.typed_data();
@@ -214,6 +231,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
                            int64_t has_mask, int64_t block_attr, int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_attention: no sgemm set");
   const Shapes s = shapes_of(q, v, fac, mask);
+  if (ffi::Error e = check(s, k, fac, pair_idx, has_mask); e.failure()) return e;
   const int block = (int)block_attr, units = s.B * s.H;
   const float *O = o.typed_data(), *L = lse.typed_data(), *G = dout.typed_data();
   const uint8_t* M = has_mask ? mask.typed_data() : nullptr;
@@ -222,7 +240,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
   std::vector<uint8_t> is_pair(s.D, 0);
   for (int p = 0; p < s.P; ++p) is_pair[2 * pairs[p]] = is_pair[2 * pairs[p] + 1] = 1;
   const size_t fac_size = (size_t)s.F * s.Lk * s.P * 2;  // one batch element's factors
-  std::vector<float> dfac_heads((size_t)s.B * s.H * fac_size);  // [B, H, F, Lk, P, 2]
+  std::unique_ptr<float[]> dfac_heads(new float[(size_t)s.B * s.H * fac_size]);  // [B, H, F, Lk, P, 2], all written
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> Pm((size_t)block * s.Lk), dP((size_t)block * s.Lk), delta(block);
@@ -280,7 +298,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
         }
         if (s.P)
           unrotate(s, r, pairs, is_pair.data(), f, dkeys.data(), dkb,
-                   dfac_heads.data() + ((size_t)b * s.H + h) * fac_size + (size_t)f * s.Lk * s.P * 2);
+                   dfac_heads.get() + ((size_t)b * s.H + h) * fac_size + (size_t)f * s.Lk * s.P * 2);
       }
     }
     // The factors' gradient, summed over the heads (zero-sized when P = 0).
@@ -292,7 +310,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
       float* out = dF + (size_t)c * chunk;
       std::fill(out, out + chunk, 0.0f);
       for (int h = 0; h < s.H; ++h) {
-        const float* in = dfac_heads.data() + ((size_t)b * s.H + h) * fac_size + (size_t)f * chunk;
+        const float* in = dfac_heads.get() + ((size_t)b * s.H + h) * fac_size + (size_t)f * chunk;
 #pragma omp simd
         for (size_t x = 0; x < chunk; ++x) out[x] += in[x];
       }

@@ -1,19 +1,21 @@
-"""Softmax attention as one XLA:CPU kernel (``model.attention_impl="cpu_flash"``): C++ through the XLA FFI
-(``cpu_attention.cc``), forward and backward, for dense attention (:func:`attention`) and for WorldRoPE's per-view
-keys (:func:`per_view_attention`: query frame ``f`` sees its own transform of the keys' view-dependent channels).
+"""Softmax attention as one XLA:CPU kernel (``model.attention_impl="cpu_flash"``, what ``"auto"`` picks on CPU): C++
+through the XLA FFI (``cpu_attention.cc``), forward and backward, for dense attention (:func:`attention`) and for
+WorldRoPE's per-view keys (:func:`per_view_attention`: query frame ``f`` sees the keys with their channel ``pairs``
+rotated by its factors).
 
 XLA:CPU runs the scores' product, the softmax and the values' product as separate ops, each streaming the
 ``[Lq, Lk]`` scores through memory. This kernel keeps each block of queries' score rows in cache from ``S = scale
-q k^T`` to ``O = P v`` and saves the log-sum-exp per query; its backward recomputes ``P = exp(S - lse)`` and uses
-``delta = rowsum(dO * O)`` (FlashAttention's backward, as ``xla_lse``). Both forms are one kernel: scores
-``scale (q_views . k_views[f] + q_shared . k_shared)``, dense attention being one view and no shared channels.
+q K^T`` to ``O = P v`` and saves the log-sum-exp per query; its backward recomputes ``P = exp(S - lse)`` and uses
+``delta = rowsum(dO * O)`` (FlashAttention's backward, as ``xla_lse``). Both forms are one kernel: per-view, each
+(batch, head, query frame)'s keys ``K`` are built in a per-thread buffer; dense attention rotates no pair.
 Products by the BLAS ``sgemm`` that scipy ships (OpenBLAS, set to one thread for the whole process); the kernel
-runs its (batch, head, query block) units on OpenMP threads.
+runs its units (forward: batch, head, query frame and block; backward: batch and head) on OpenMP threads
+(:func:`threads`).
 
-Built with ``g++`` at first use into ``$JAXWM_KERNEL_CACHE`` (default ``~/.cache/jaxwm``), one file per source
-and jaxlib version, under a file lock (parallel test workers build it once). float32 only; a mask is a token mask
-shared by the heads (``[1 or B, (1,) Lq, Lk]``, a frame mask is expanded); anything else is refused with a
-``ValueError`` naming the impl.
+Built with ``g++`` at first use into ``$JAXWM_KERNEL_CACHE`` (default ``~/.cache/jaxwm``), one file per source,
+jaxlib version and host CPU, under a file lock (parallel test workers build it once). float32 only; a mask is a
+token mask shared by the heads (broadcastable to ``[B, (1,) Lq, Lk]``; a frame mask is expanded); anything else is
+refused with a ``ValueError`` naming the impl (:func:`unsupported` says why without raising).
 """
 
 import ctypes
@@ -69,6 +71,18 @@ def _one_blas_thread(blas):
                   "the kernel may oversubscribe the cores", IMPL, [str(p) for p in libs])
 
 
+def _host_cpu():
+  """The host CPU's model and instruction-set flags (``-march=native`` builds for them: a cache shared by hosts
+  with other CPUs keeps one file per CPU)."""
+  import platform  # pylint: disable=g-import-not-at-top
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      info = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+  except OSError:
+    info = []
+  return platform.machine() + "".join(sorted(set(info)))
+
+
 def library():
   """The loaded kernel library (built on first use), its FFI targets registered and its ``sgemm`` set."""
   with _lock:
@@ -76,7 +90,8 @@ def library():
       return _loaded[0]
     import jaxlib  # pylint: disable=g-import-not-at-top
     import scipy.linalg.cython_blas as blas  # pylint: disable=g-import-not-at-top
-    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()
+    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode() + " ".join(FLAGS).encode() +
+                         _host_cpu().encode()).hexdigest()
     cache = pathlib.Path(os.environ.get("JAXWM_KERNEL_CACHE", pathlib.Path.home() / ".cache" / "jaxwm"))
     try:
       cache.mkdir(parents=True, exist_ok=True)
@@ -106,11 +121,13 @@ def library():
 
 
 def threads():
-  """OpenMP threads per kernel call: the cores this process may use, shared by the devices of the current mesh
-  (``jax.set_mesh``), which run their shards' calls at the same time (8 devices faked on 2 cores: 1 thread each)."""
+  """OpenMP threads per kernel call: the cores this process may use, shared by its local devices, which may run
+  their calls at the same time (8 devices faked on 2 cores: 1 thread each), or by the current mesh's devices
+  (``jax.set_mesh``) where it has fewer."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
   mesh = jax.sharding.get_abstract_mesh()
-  return max(1, cores // (1 if mesh.empty else mesh.size))
+  devices = jax.local_device_count() if mesh.empty else min(mesh.size, jax.local_device_count())
+  return max(1, cores // devices)
 
 
 def _attrs(scale, mask):
@@ -155,38 +172,64 @@ def _attention_bwd(pairs, scale, res, g):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def _mask_shape(mask):
+  """The token mask's shape (a frame mask's ``.shape`` without building it)."""
+  return tuple(mask.shape) if hasattr(mask, "shape") else np.shape(mask)
+
+
+def _mask_problem(shape, batch, lq, lk):
+  """Why a mask of ``shape`` does not fit the kernel's ``[1 or B, Lq, Lk]`` (or None)."""
+  if len(shape) == 4:
+    if shape[1] != 1:
+      return f"takes a mask shared by the heads; got per-head mask shape {shape}"
+    shape = shape[:1] + shape[2:]
+  shape = (1,) * (3 - len(shape)) + tuple(shape)
+  if len(shape) != 3 or shape[0] not in (1, batch) or shape[1] not in (1, lq) or shape[2] not in (1, lk):
+    return f"mask shape {shape} does not broadcast to [1 or {batch}, (1,) {lq}, {lk}]"
+  return None
+
+
 def token_mask(mask, batch, lq, lk):
-  """``mask`` (bool ``[1 or B, (1,) Lq, Lk]``, or a frame mask with ``.tokens()``) as the kernel's ``uint8 [1 or B,
-  Lq, Lk]``; None stays None. A per-head mask or another shape is refused (``ValueError``)."""
+  """``mask`` (bool, broadcastable to ``[B, (1,) Lq, Lk]``, or a frame mask with ``.tokens()``) as the kernel's
+  ``uint8 [1 or B, Lq, Lk]``; None stays None. A per-head mask or another shape is refused (``ValueError``)."""
   if mask is None:
     return None
+  problem = _mask_problem(_mask_shape(mask), batch, lq, lk)
+  if problem:
+    _fail(problem)
   if hasattr(mask, "tokens") and not isinstance(mask, jax.Array):
     mask = mask.tokens()
   mask = jnp.asarray(mask)
   if mask.ndim == 4:
-    if mask.shape[1] != 1:
-      _fail(f"takes a mask shared by the heads; got per-head mask shape {mask.shape}")
     mask = mask[:, 0]
-  if mask.ndim == 2:
-    mask = mask[None]
-  if mask.ndim != 3 or mask.shape[0] not in (1, batch) or mask.shape[1:] != (lq, lk):
-    _fail(f"mask shape {mask.shape} is not [1 or {batch}, (1,) {lq}, {lk}]")
-  return mask.astype(jnp.uint8)
+  mask = mask.reshape((1,) * (3 - mask.ndim) + mask.shape)
+  return jnp.broadcast_to(mask, (mask.shape[0], lq, lk)).astype(jnp.uint8)
 
 
-def unsupported(dtype, mask):
-  """Why this kernel cannot take inputs of ``dtype`` under ``mask`` (an array or frame mask, or None), or None when
-  it can: ``model.attention_impl="auto"`` picks it on CPU only then."""
-  if dtype != jnp.float32:
-    return f"float32 only, inputs are {jnp.dtype(dtype).name}"
-  shape = getattr(mask, "shape", None)
-  if shape is not None and len(shape) == 4 and shape[1] != 1:
-    return "masks shared by the heads only, the mask is per head"
-  try:
-    library()
-  except ValueError as e:
-    return str(e)
-  return None
+_unavailable = []  # why the kernel could not be built or loaded here (once)
+
+
+def unsupported(arrays, mask=None):
+  """Why this kernel cannot take ``arrays`` (``q, k, v``, and the factors) under ``mask`` (an array or frame mask,
+  or None), or None when it can: ``model.attention_impl="auto"`` picks it on CPU only then. A kernel that cannot be
+  built or loaded here (no C++ compiler, a read-only cache, another OS) is a reason too, found once and logged as a
+  warning."""
+  for a in arrays:
+    if a.dtype != jnp.float32:
+      return f"float32 only, an input is {jnp.dtype(a.dtype).name}"
+  if mask is not None:
+    q, k = arrays[0], arrays[1]
+    problem = _mask_problem(_mask_shape(mask), q.shape[0], q.shape[1], k.shape[1])
+    if problem:
+      return problem
+  if not _unavailable and not _loaded:
+    try:
+      library()
+    except Exception as e:  # pylint: disable=broad-except  (a missing compiler, ImportError, OSError, ...)
+      _unavailable.append(f"{type(e).__name__}: {e}")
+      logging.warning("model.attention_impl='auto' uses 'xla_lse' on CPU: the cpu_flash kernel is unavailable "
+                      "here (%s)", _unavailable[0])
+  return _unavailable[0] if _unavailable else None
 
 
 def _check_float32(**arrays):
