@@ -37,6 +37,8 @@ def _jax_group(op_name, opcode):
   n = op_name.lower()
   if "adam" in n or "optax" in n or "apply_updates" in n or "scale_by" in n:
     return "optimiser"
+  if "worldrope_factors" in n:  # WorldRoPE's view factors (a named scope inside the attention layers)
+    return "RoPE / camera"
   if opcode == "custom-call" and re.search(r"attn\d?/", n):  # a C++ attention kernel (cpu_flash)
     return "attention core"
   if re.search(r"attn\d?/(?!to_|norm_)", n) and re.search(r"dot_general|softmax|exp|reduce|max|div|sub|select|"
@@ -56,7 +58,9 @@ def _jax_group(op_name, opcode):
     return "time / text embedding"
   if re.search(r"patch|proj_out|head|unpatch", n):
     return "patch embed / head"
-  if opcode in ("copy", "transpose", "copy-start", "copy-done") or "transpose" in n:
+  # the transpose primitive, not "transpose(jvp(...))", the prefix of every backward op (until 2026-12-05 it
+  # matched that too, and the backward's residual adds and gates were counted as layout)
+  if opcode in ("copy", "transpose", "copy-start", "copy-done") or re.search(r"/transpose(?!\()", n):
     return "layout (copy/transpose)"
   if "square" in n or "mean" in n and "blocks" not in n:
     return "loss"

@@ -378,8 +378,9 @@ class WorldRoPE(CameraEncoding):
       old = {name: cache_kv[name] for name in keys}
       old["k"] = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
       keys = {name: jnp.concatenate([old[name].astype(a.dtype), a], axis=1) for name, a in keys.items()}
-    factors = jax.checkpoint(functools.partial(view_factors, freqs=freqs, pixels_per_token=pixels))(
-        gauss_of(keys), cam.q_k, cam.q_c2w)
+    with jax.named_scope("worldrope_factors"):  # named in profiles (benchmarks/profile_step.py)
+      factors = jax.checkpoint(functools.partial(view_factors, freqs=freqs, pixels_per_token=pixels))(
+          gauss_of(keys), cam.q_k, cam.q_c2w)
     out = kernels.per_view_attention(q, keys["k"], keys["v"], factors, pairs, mask, scale=q.shape[-1] ** -0.5,
                                      impl=cfg.attention_impl, batch_axes=batch_mesh_axes())
     return out, own
