@@ -7,7 +7,7 @@ jaxwm_backbone_step``: rope3d, dense attention) for each ``model.attention_impl`
 process (best of ``--repeats``; huge pages on, as ``train.py`` runs). Then diffusers' backbone step alone in a
 child process (huge pages off, torch's default): torch's step slows by up to 40% when it alternates with XLA's in
 one process (both thread pools compete for the cores), so ``train_step.py``'s same-process ratio leans towards
-jaxwm. An impl a config refuses (``cpu_flash`` with WorldRoPE's per-view attention) gets its error instead.
+jaxwm. An impl a config refuses (e.g. ``splash`` with WorldRoPE's per-view attention) gets its error instead.
 """
 
 import argparse

@@ -256,14 +256,16 @@ def test_many_threads_give_the_same_values(monkeypatch):
   q, k, v, fac, g = _per_view_inputs(3, 70, 45, 8, (0, 2), b=3)
   mask = _random_mask((3, 210, 45), 9)
 
-  def run(*a):
-    out, pull = jax.vjp(lambda *x: kernels.per_view_attention(*x, (0, 2), mask, scale=0.3, impl="cpu_flash"), *a)
-    dense, pull_dense = jax.vjp(lambda *x: kernels.dot_product_attention(*x, mask, impl="cpu_flash"), *a[:3])
-    return (out, *pull(g), dense, *pull_dense(g))
-
   results = []
   for n in (1, 3):
     monkeypatch.setattr(cpu_attention, "threads", lambda n=n: n)
+
+    def run(*a):  # a new function per thread count: traced again, with this count
+      out, pull = jax.vjp(lambda *x: kernels.per_view_attention(*x, (0, 2), mask, scale=0.3, impl="cpu_flash"), *a)
+      dense, pull_dense = jax.vjp(lambda *x: kernels.dot_product_attention(*x, mask, impl="cpu_flash"), *a[:3])
+      return (out, *pull(g), dense, *pull_dense(g))
+
+    assert f"threads = {n} : i64" in jax.jit(run).lower(q, k, v, fac).as_text()
     results.append(jax.jit(run)(q, k, v, fac))
   for x, y in zip(*results):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
@@ -271,8 +273,9 @@ def test_many_threads_give_the_same_values(monkeypatch):
 
 def test_per_view_edge_rows_and_vmap():
   """Per view: a query with no key gets 0 and passes no gradient; a NaN in a masked-out key changes nothing
-  (the reference masks it with -inf); a NaN in a kept key reaches its queries; under ``vmap`` (one call per
-  element) the values are those of each element alone."""
+  (the reference masks it with -inf); a NaN in a kept key reaches its queries; a mask broadcast over the queries
+  and a mask of floats read as the reference reads them; under ``vmap`` (one call per element) the values are those
+  of each element alone."""
   q, k, v, fac, g = _per_view_inputs(2, 9, 13, 8, (1, 3), b=2)
   mask = np.asarray(_random_mask((2, 18, 13), 3)).copy()
   mask[1, 4] = False
@@ -293,6 +296,10 @@ def test_per_view_edge_rows_and_vmap():
   np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], atol=2e-5)
   mask[:, :, 5] = True
   assert np.isnan(np.asarray(run("cpu_flash", k_nan)[0])[0, 0]).all()
+  # a mask broadcast over the queries, and one of floats (nonzero: attend), as the reference reads them
+  for m in (_random_mask((2, 1, 13), 5), jnp.where(_random_mask((2, 18, 13), 6), 0.5, 0.0).at[..., 0].set(2.0)):
+    got, want = (kernels.per_view_attention(q, k, v, fac, (1, 3), m, scale=0.3, impl=i) for i in ("cpu_flash", "xla"))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
   per = lambda q, k, v, fac: kernels.per_view_attention(q, k, v, fac, (1, 3), scale=0.3, impl="cpu_flash")  # pylint: disable=unnecessary-lambda-assignment
   stacked = jax.vmap(per)(*(jnp.stack([a, a * 0.5]) for a in (q, k, v, fac)))
   for i, s in enumerate((1.0, 0.5)):

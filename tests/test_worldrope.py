@@ -164,8 +164,8 @@ def test_per_view_attention_matches_per_frame_dense_attention(impl):
   want = np.zeros_like(got, np.float64)
   for f in range(fq):
     kf = k.astype(np.float64).copy()
-    pairs = kf[..., channels[0::2]] + 1j * kf[..., channels[1::2]]  # [b, lk, h, P]
-    turned = pairs * (factors[:, f, :, None, :, 0] + 1j * factors[:, f, :, None, :, 1])
+    complex_pairs = kf[..., channels[0::2]] + 1j * kf[..., channels[1::2]]  # [b, lk, h, P]
+    turned = complex_pairs * (factors[:, f, :, None, :, 0] + 1j * factors[:, f, :, None, :, 1])
     kf[..., channels[0::2]], kf[..., channels[1::2]] = turned.real, turned.imag
     rows = slice(f * n, (f + 1) * n)
     logit = np.einsum("bqhd,bkhd->bhqk", q[:, rows].astype(np.float64), kf) / np.sqrt(d)

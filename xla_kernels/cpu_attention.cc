@@ -65,22 +65,27 @@ static Shapes shapes_of(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F
   const int P = (int)fac.dimensions()[3];
   Shapes s{(int)d[0], (int)d[1], (int)d[2], (int)d[3], (int)v.dimensions()[1], (int)v.dimensions()[3], P,
            P ? (int)fac.dimensions()[1] : 1, 0, (int)mask.dimensions()[0]};
-  s.N = s.Lq / s.F;
+  s.N = s.F > 0 ? s.Lq / s.F : 0;  // check() refuses F = 0
   return s;
 }
 
 // The shapes the kernel relies on (the Python side checks them too): an error names the first that does not hold.
-static ffi::Error check(const Shapes& s, const ffi::Buffer<ffi::F32>& k, const ffi::Buffer<ffi::F32>& fac,
-                        const ffi::Buffer<ffi::S32>& pair_idx, int64_t has_mask) {
+static ffi::Error check(const Shapes& s, const ffi::Buffer<ffi::F32>& k, const ffi::Buffer<ffi::F32>& v,
+                        const ffi::Buffer<ffi::F32>& fac, const ffi::Buffer<ffi::S32>& pair_idx,
+                        const ffi::Buffer<ffi::U8>& mask, int64_t has_mask) {
   auto kd = k.dimensions();
-  if (kd[0] != s.B || kd[2] != s.H || kd[3] != s.D) return ffi::Error::InvalidArgument("cpu_attention: k's shape");
-  if (s.Lq % s.F) return ffi::Error::InvalidArgument("cpu_attention: queries not a multiple of the views");
+  auto vd = v.dimensions();
+  if (kd[0] != s.B || kd[1] != s.Lk || kd[2] != s.H || kd[3] != s.D)
+    return ffi::Error::InvalidArgument("cpu_attention: k's shape");
+  if (vd[0] != s.B || vd[2] != s.H) return ffi::Error::InvalidArgument("cpu_attention: v's shape");
+  if (s.F < 1 || s.Lq % s.F) return ffi::Error::InvalidArgument("cpu_attention: queries not a multiple of the views");
   if (s.P && (fac.dimensions()[0] != s.B || fac.dimensions()[2] != s.Lk || (int)pair_idx.element_count() != s.P))
     return ffi::Error::InvalidArgument("cpu_attention: factors' shape");
   for (int p = 0; p < s.P; ++p)
     if (pair_idx.typed_data()[p] < 0 || 2 * pair_idx.typed_data()[p] + 1 >= s.D)
       return ffi::Error::InvalidArgument("cpu_attention: a pair outside the head");
-  if (has_mask && (s.Bm != 1 && s.Bm != s.B)) return ffi::Error::InvalidArgument("cpu_attention: mask's batch");
+  if (has_mask && ((s.Bm != 1 && s.Bm != s.B) || mask.dimensions()[1] != s.Lq || mask.dimensions()[2] != s.Lk))
+    return ffi::Error::InvalidArgument("cpu_attention: mask's shape");
   return ffi::Error::Success();
 }
 
@@ -185,7 +190,7 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
                           int64_t has_mask, int64_t block_attr, int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_attention: no sgemm set");
   const Shapes s = shapes_of(q, v, fac, mask);
-  if (ffi::Error e = check(s, k, fac, pair_idx, has_mask); e.failure()) return e;
+  if (ffi::Error e = check(s, k, v, fac, pair_idx, mask, has_mask); e.failure()) return e;
   const int block = (int)block_attr, blocks = (s.N + block - 1) / block, units = s.B * s.H * s.F * blocks;
   const uint8_t* M = has_mask ? mask.typed_data() : nullptr;
   const int32_t* pairs = pair_idx.typed_data();
@@ -231,7 +236,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
                            int64_t has_mask, int64_t block_attr, int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_attention: no sgemm set");
   const Shapes s = shapes_of(q, v, fac, mask);
-  if (ffi::Error e = check(s, k, fac, pair_idx, has_mask); e.failure()) return e;
+  if (ffi::Error e = check(s, k, v, fac, pair_idx, mask, has_mask); e.failure()) return e;
   const int block = (int)block_attr, units = s.B * s.H;
   const float *O = o.typed_data(), *L = lse.typed_data(), *G = dout.typed_data();
   const uint8_t* M = has_mask ? mask.typed_data() : nullptr;

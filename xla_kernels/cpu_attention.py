@@ -95,7 +95,10 @@ def library():
     cache = pathlib.Path(os.environ.get("JAXWM_KERNEL_CACHE", pathlib.Path.home() / ".cache" / "jaxwm"))
     try:
       cache.mkdir(parents=True, exist_ok=True)
+      writable = os.access(cache, os.W_OK)
     except OSError:
+      writable = False
+    if not writable:  # a read-only home or cache: the temporary directory
       cache = pathlib.Path(tempfile.gettempdir()) / "jaxwm_kernels"
       cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"cpu_attention-{key[:16]}.so"
@@ -203,10 +206,11 @@ def token_mask(mask, batch, lq, lk):
   if mask.ndim == 4:
     mask = mask[:, 0]
   mask = mask.reshape((1,) * (3 - mask.ndim) + mask.shape)
-  return jnp.broadcast_to(mask, (mask.shape[0], lq, lk)).astype(jnp.uint8)
+  return jnp.broadcast_to(mask, (mask.shape[0], lq, lk)).astype(bool).astype(jnp.uint8)  # nonzero: attend
 
 
 _unavailable = []  # why the kernel could not be built or loaded here (once)
+_probe_lock = threading.Lock()
 
 
 def unsupported(arrays, mask=None):
@@ -222,13 +226,14 @@ def unsupported(arrays, mask=None):
     problem = _mask_problem(_mask_shape(mask), q.shape[0], q.shape[1], k.shape[1])
     if problem:
       return problem
-  if not _unavailable and not _loaded:
-    try:
-      library()
-    except Exception as e:  # pylint: disable=broad-except  (a missing compiler, ImportError, OSError, ...)
-      _unavailable.append(f"{type(e).__name__}: {e}")
-      logging.warning("model.attention_impl='auto' uses 'xla_lse' on CPU: the cpu_flash kernel is unavailable "
-                      "here (%s)", _unavailable[0])
+  with _probe_lock:
+    if not _unavailable and not _loaded:
+      try:
+        library()
+      except Exception as e:  # pylint: disable=broad-except  (a missing compiler, ImportError, OSError, ...)
+        _unavailable.append(f"{type(e).__name__}: {e}")
+        logging.warning("model.attention_impl='auto' uses 'xla_lse' on CPU: the cpu_flash kernel is unavailable "
+                        "here (%s)", _unavailable[0])
   return _unavailable[0] if _unavailable else None
 
 
@@ -267,7 +272,7 @@ def per_view_attention(q, k, v, factors, pairs, mask=None, *, scale):
   b, lq, h, d = q.shape
   f, lk = factors.shape[1], k.shape[1]
   want = ((b, lk, h, d), (b, lk, h), (b, f, lk, len(pairs), 2))
-  if (k.shape, v.shape[:3], factors.shape) != want or lq % f:
+  if (k.shape, v.shape[:3], factors.shape) != want or f == 0 or lq % f:
     _fail(f"per-view shapes q {q.shape}, k {k.shape}, v {v.shape}, factors {factors.shape} are not [B, F N, H, D], "
           f"[B, Lk, H, D], [B, Lk, H, Dv], [B, F, Lk, P, 2] with P = {len(pairs)} pairs")
   if not pairs or len(set(pairs)) < len(pairs) or min(pairs) < 0 or max(pairs) >= d // 2:
