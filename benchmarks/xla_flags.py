@@ -1,8 +1,10 @@
-"""XLA:CPU flags on the backbone training step: each setting of ``XLA_FLAGS`` in a fresh process, rounds in turn,
-against the unflagged step measured in the same run (``benchmarks/train_step.py``'s backbone step).
+"""XLA:CPU flags on the training step: each setting of ``XLA_FLAGS`` in a fresh process, rounds in turn, against
+the unflagged step measured in the same run (``benchmarks/train_step.py``'s backbone step, or with ``--step real``
+the real train step: the config's encoding, layout and attention impl).
 
   python benchmarks/xla_flags.py                       # the default flags, recipe_w192 and tiny, 2 rounds
   python benchmarks/xla_flags.py --configs tiny_p2 --rounds 3 --flags "--xla_cpu_use_onednn=true"
+  python benchmarks/xla_flags.py --step real --configs tiny --flags "--xla_cpu_experimental_ynn_fusion_type="
 
 Prints ms per step for every (round, flag, config), then each flag's median over rounds against the unflagged
 median. An unknown flag is reported as a failure of its process, not a number.
@@ -25,18 +27,20 @@ import json, os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks")); sys.path.insert(0, os.getcwd())
 import train_step as T
 out = {}
+bench = T.bench_jaxwm if sys.argv[2] == "real" else T.bench_jaxwm_backbone
 for name, steps in json.loads(sys.argv[1]):
-  c = T.CONFIGS[name](); T.resolve_batch_size(c, 1)
-  out[name] = round(T.bench_jaxwm_backbone(c, steps)[0] * 1e3, 1)
+  c = T.CONFIGS[name](); T.resolve_batch_size(c, 1); c.train.workdir = "/tmp/jaxwm_xla_flags"
+  out[name] = round(bench(c, steps)[0] * 1e3, 1)
 print("RESULT", json.dumps(out))
 """
 
 
-def measure(flag, configs):
-  """``{config: ms per step}`` in a fresh process with ``XLA_FLAGS=flag``, or the failure's last line."""
+def measure(flag, configs, step="backbone"):
+  """``{config: ms per step}`` of ``step`` (``backbone`` or ``real``) in a fresh process with ``XLA_FLAGS=flag``,
+  or the failure's last line."""
   env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(configs)], env=env, capture_output=True, text=True,
+  p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(configs), step], env=env, capture_output=True, text=True,
                      cwd=root, timeout=1200, check=False)
   for line in p.stdout.splitlines():
     if line.startswith("RESULT "):
@@ -50,6 +54,7 @@ def main(argv=None):
   p.add_argument("--configs", default="recipe_w192,tiny")
   p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--flags", default="|".join(DEFAULT_FLAGS), help="'|'-separated XLA_FLAGS settings")
+  p.add_argument("--step", default="backbone", choices=("backbone", "real"), help="which training step")
   a = p.parse_args(argv)
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import train_step  # pylint: disable=g-import-not-at-top
@@ -62,7 +67,7 @@ def main(argv=None):
   results = {f: [] for f in flags}
   for r in range(a.rounds):
     for f in flags:
-      got = measure(f, configs)
+      got = measure(f, configs, a.step)
       results[f].append(got)
       print(f"round {r + 1} {f or '(none)'}: {got}", flush=True)
   base = [x for x in results[""] if isinstance(x, dict)]
