@@ -3,8 +3,8 @@ the unflagged step measured in the same run (``benchmarks/train_step.py``'s back
 the real train step: the config's encoding, layout and attention impl).
 
   python benchmarks/xla_flags.py                       # the default flags, recipe_w192 and tiny, 2 rounds
-  python benchmarks/xla_flags.py --configs tiny_p2 --rounds 3 --flags "--xla_cpu_use_onednn=true"
-  python benchmarks/xla_flags.py --step real --configs tiny --flags "--xla_cpu_experimental_ynn_fusion_type="
+  python benchmarks/xla_flags.py --configs tiny_p2 --rounds 3 --flags="--xla_cpu_use_onednn=true"
+  python benchmarks/xla_flags.py --step real --configs tiny --flags="--xla_cpu_experimental_ynn_fusion_type="
 
 Prints ms per step for every (round, flag, config), then each flag's median over rounds against the unflagged
 median. An unknown flag is reported as a failure of its process, not a number.
