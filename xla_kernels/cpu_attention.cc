@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -324,37 +325,41 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
   return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionForward, Forward,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("scale")
-                                  .Attr<int64_t>("has_mask")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("threads"));
+// Both handlers take q, k, v, fac, pairs and mask first and the same attributes last.
+template <typename B>
+static auto with_inputs(B binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Arg<ffi::Buffer<ffi::U8>>();
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionBackward, Backward,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("scale")
-                                  .Attr<int64_t>("has_mask")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("threads"));
+template <typename B>
+static auto with_attrs(B binding) {
+  return std::move(binding)
+      .template Attr<float>("scale")
+      .template Attr<int64_t>("has_mask")
+      .template Attr<int64_t>("block")
+      .template Attr<int64_t>("threads");
+}
+
+static auto forward_binding() {  // -> out, lse
+  return with_attrs(with_inputs(ffi::Ffi::Bind()).Ret<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
+}
+
+static auto backward_binding() {  // o, lse, dout -> dq, dk, dv, dfac
+  return with_attrs(with_inputs(ffi::Ffi::Bind())
+                        .Arg<ffi::Buffer<ffi::F32>>()
+                        .Arg<ffi::Buffer<ffi::F32>>()
+                        .Arg<ffi::Buffer<ffi::F32>>()
+                        .Ret<ffi::Buffer<ffi::F32>>()
+                        .Ret<ffi::Buffer<ffi::F32>>()
+                        .Ret<ffi::Buffer<ffi::F32>>()
+                        .Ret<ffi::Buffer<ffi::F32>>());
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionForward, Forward, forward_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionBackward, Backward, backward_binding());

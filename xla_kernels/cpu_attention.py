@@ -197,6 +197,9 @@ def token_mask(mask, batch, lq, lk):
   ``uint8 [1 or B, Lq, Lk]``; None stays None. A per-head mask or another shape is refused (``ValueError``)."""
   if mask is None:
     return None
+  if isinstance(mask, jax.Array) and mask.dtype == jnp.uint8 and mask.ndim == 3 and mask.shape[1:] == (lq, lk) \
+      and mask.shape[0] in (1, batch):
+    return mask  # already the kernel's (jaxwm.kernels converts it before its shard map)
   problem = _mask_problem(_mask_shape(mask), batch, lq, lk)
   if problem:
     _fail(problem)

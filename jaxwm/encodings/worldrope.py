@@ -20,7 +20,6 @@ each query frame attends with its own keys (``jaxwm.kernels.per_view_attention``
 inside its kernel). The KV cache keeps the pre-transform keys and each key's Gaussians.
 """
 
-
 import functools
 
 import flax
