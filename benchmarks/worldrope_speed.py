@@ -1,7 +1,8 @@
-"""WorldRoPE's views of the sampler's cache: ``transform_keys(per_view=True)`` against the vectorised form, in one run.
+"""WorldRoPE's factors and views: the C++ kernel against the ``jnp`` reference, and the sampler's cache views, in one run.
 
   python benchmarks/worldrope_speed.py                       # the tables in BENCHMARKS.md
   python benchmarks/worldrope_speed.py --parts keys --reps 50
+  python benchmarks/worldrope_speed.py --parts factors,step
 
 WorldRoPE (the default model's encoding) multiplies every key's h/w pairs by an expected rotary factor per query
 view (``jaxwm.encodings.worldrope.transform_keys``). The sampler computes these views of its whole cache once per
@@ -12,6 +13,12 @@ slow reduction and ``jnp.sin`` / ``jnp.cos`` as scalar calls. ``per_view=True`` 
 the terms written out and ``jaxwm.ops.sincos``; ``cache_views`` vmaps it over layers.
 
 Parts (``--parts``):
+- ``factors``: ``jaxwm.kernels.view_factors`` at the default model's training shape (4 clips x 9 views x 576 keys,
+  4 hypotheses, 16 pairs), forward and forward + backward (every input's gradient): the reference as training ran it
+  (``jax.checkpoint``ed: its forward again in the backward) against the kernel (``impl='cpu_flash'``), interleaved,
+  outputs compared.
+- ``step``: the default model's real train step (``configs/tiny.py``, ``cpu_flash`` attention) with WorldRoPE's
+  factors by the reference against the kernel, interleaved in one process (best of ``min(--reps, 10)``).
 - ``keys``: one layer's ``transform_keys`` both ways, outputs compared.
 - ``viewer``: the viewer's generation path (``jaxwm.play.engine.Player`` with the randomly initialised default
   model, as ``benchmarks/play_speed.py``): median chunk time of chunks 15-25 with the ``cache_views`` of before
@@ -128,6 +135,67 @@ def part_keys(reps):
     print(f"| {label} | {row[0]:.2f} | {row[1]:.2f} | {row[0] / row[1]:.2f}x | {diff:.1e} |", flush=True)
 
 
+def part_factors(reps):
+  from jaxwm import kernels  # pylint: disable=g-import-not-at-top
+  from timing import interleaved_best  # pylint: disable=g-import-not-at-top
+  freqs = wr.hw_frequencies(48, range(8, 24))
+  _, gauss, q_k, q_c2w = _keys_inputs(4, 576, 9)
+  ct = jax.random.normal(jax.random.key(1), (4, 9, 576, 16, 2))
+
+  def program(impl, backward):
+    def f(g, k, c):
+      return kernels.view_factors(g, k, c, freqs, 4.0, impl=impl)
+    f = jax.checkpoint(f) if impl == "xla" else f  # as WorldRoPE.attend runs each
+    if not backward:
+      return jax.jit(f)
+    return jax.jit(lambda g, k, c: jax.vjp(f, g, k, c)[1](ct))
+
+  print("| 4 x 9 views x 576 keys x 4 hypotheses x 16 pairs | reference ms | kernel ms | speed-up | max abs difference |")
+  print("| --- | --- | --- | --- | --- |")
+  for backward in (False, True):
+    fns = {impl: program(impl, backward) for impl in ("xla", "cpu_flash")}
+    outs = {impl: fn(gauss, q_k, q_c2w) for impl, fn in fns.items()}
+    diff = max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(outs["xla"]),
+                                                               jax.tree.leaves(outs["cpu_flash"])))
+    t = interleaved_best({i: lambda fn=fn: jax.block_until_ready(fn(gauss, q_k, q_c2w)) for i, fn in fns.items()},
+                         reps)
+    label = "forward + backward (all gradients)" if backward else "forward"
+    print(f"| {label} | {1e3 * t['xla']:.2f} | {1e3 * t['cpu_flash']:.2f} | {t['xla'] / t['cpu_flash']:.2f}x | "
+          f"{diff:.1e} |", flush=True)
+
+
+def part_step(reps):
+  import train_step as ts  # pylint: disable=g-import-not-at-top
+  from jaxwm import kernels  # pylint: disable=g-import-not-at-top
+  from jaxwm.training.sharding import resolve_batch_size  # pylint: disable=g-import-not-at-top
+  from timing import interleaved_best  # pylint: disable=g-import-not-at-top
+  resolve = kernels.resolve_view_factors_impl
+  fns = {}
+  for impl in ("xla", "cpu_flash"):
+    config = ts.CONFIGS["tiny"]()
+    resolve_batch_size(config, 1)
+    config.model.attention_impl = "cpu_flash"
+    tr, state, batch, key = ts.jaxwm_train_step(config, f"/tmp/jaxwm_worldrope_speed_{impl}")
+    box = [state]
+
+    def run(tr=tr, box=box, batch=batch, key=key):
+      box[0], m = tr.train_step(box[0], batch, key)
+      jax.block_until_ready(m)
+
+    kernels.resolve_view_factors_impl = lambda _, impl=impl: impl  # traced (and compiled) by the first call
+    try:
+      run()
+    finally:
+      kernels.resolve_view_factors_impl = resolve
+    fns[impl] = run
+  t = interleaved_best(fns, reps)
+  print("| the default model's train step (cpu_flash attention) | factors by the reference ms | by the kernel ms | "
+        "speed-up |")
+  print("| --- | --- | --- | --- |")
+  print(f"| configs/tiny.py, batch {jax.tree.leaves(batch)[0].shape[0]} | "
+        f"{1e3 * t['xla']:.1f} | {1e3 * t['cpu_flash']:.1f} | {t['xla'] / t['cpu_flash']:.2f}x |", flush=True)
+
+
 def part_viewer(steps, policies, chunks):
   import play_speed as ps  # pylint: disable=g-import-not-at-top
   from jaxwm.play.engine import first_frame  # pylint: disable=g-import-not-at-top
@@ -152,7 +220,7 @@ def part_viewer(steps, policies, chunks):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--parts", default="keys,viewer", help="comma-separated: keys, viewer")
+  ap.add_argument("--parts", default="factors,step,keys,viewer", help="comma-separated: factors, step, keys, viewer")
   ap.add_argument("--reps", type=int, default=30, help="timed calls per row of the keys part")
   ap.add_argument("--steps", default="1,2,4", help="Euler steps per chunk of the viewer rows")
   ap.add_argument("--policies", default="window,landmark", help="memory policies of the viewer rows")
@@ -160,11 +228,15 @@ def main():
   a = ap.parse_args()
   parts = a.parts.split(",")
   for p in parts:
-    if p not in ("keys", "viewer"):
-      ap.error(f"--parts: {p!r} is not one of keys, viewer")
+    if p not in ("factors", "step", "keys", "viewer"):
+      ap.error(f"--parts: {p!r} is not one of factors, step, keys, viewer")
   if a.chunks < 26:
     ap.error(f"--chunks={a.chunks}: must be >= 26 (the median is over chunks 15-25)")
   print(f"backend {jax.default_backend()}")
+  if "factors" in parts:
+    part_factors(a.reps)
+  if "step" in parts:
+    part_step(min(a.reps, 10))
   if "keys" in parts:
     part_keys(a.reps)
   if "viewer" in parts:

@@ -19,7 +19,9 @@ keeps the log-sum-exp instead of the probabilities, ``xla_kernels.softmax_attent
 by the heads), ``"splash"`` (TPU splash attention,
 ``pallas_kernels.splash_attention``), ``"cudnn"`` (``jax.nn.dot_product_attention`` with cuDNN) and
 ``"auto"`` (the fastest that takes the inputs where the program runs: :func:`resolve_attention_impl`; logged).
-WorldRoPE's per-view keys have their own entry, :func:`per_view_attention` (``xla``, ``xla_lse``, ``cpu_flash``).
+WorldRoPE's per-view keys have their own entry, :func:`per_view_attention` (``xla``, ``xla_lse``, ``cpu_flash``), and
+so do their expected rotary factors, :func:`view_factors` (``xla``, ``cpu_flash``; :func:`resolve_view_factors_impl`
+maps ``model.attention_impl`` to them).
 
 Under a device mesh, XLA cannot partition a Pallas call: ``batch_axes`` (the mesh axes the leading
 batch axis is sharded over, e.g. ``("data", "fsdp")``) runs the kernel per batch shard inside
@@ -32,6 +34,7 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
 from jax.sharding import PartitionSpec as P
@@ -39,10 +42,12 @@ from jax.sharding import PartitionSpec as P
 from jaxwm.ops import attention as attn_ref
 from jaxwm.ops import delta_rule as dr_ref
 from jaxwm.ops import frame_sparse as fs_ref
+from jaxwm.ops import view_factors as vf_ref
 from pallas_kernels import delta_rule as dr_kernels
 from pallas_kernels import frame_sparse_attention as fs_kernels
 from pallas_kernels import splash_attention as splash_kernel
 from xla_kernels import cpu_attention
+from xla_kernels import cpu_view_factors
 from xla_kernels import softmax_attention as xla_attention
 
 REFERENCE = "xla"
@@ -296,6 +301,43 @@ def per_view_attention(q, k, v, factors, pairs, mask=None, *, scale, impl="xla",
     return out.astype(v.dtype)
   raise ValueError(f"model.attention_impl={impl!r}: attention with per-view keys (WorldRoPE) has the "
                    "implementations 'xla', 'xla_lse' and 'cpu_flash'")
+
+
+def resolve_view_factors_impl(attention_impl):
+  """The :func:`view_factors` impl that goes with ``model.attention_impl``: ``"cpu_flash"`` for ``"cpu_flash"``, and
+  for ``"auto"`` where the program runs on CPU and the factors' C++ kernel builds here
+  (``cpu_view_factors.unavailable``); ``"xla"`` (the reference) otherwise: the other attention kernels have no
+  factor kernel. ``ValueError`` for a name not in :data:`ATTENTION_IMPLS`."""
+  if attention_impl not in ATTENTION_IMPLS:
+    raise ValueError(f"model.attention_impl={attention_impl!r}: must be one of {ATTENTION_IMPLS}")
+  if attention_impl == "auto":
+    return "cpu_flash" if target_platform() == "cpu" and not cpu_view_factors.unavailable() else "xla"
+  return "cpu_flash" if attention_impl == "cpu_flash" else "xla"
+
+
+def view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, *, impl="xla", per_view=False,
+                 batch_axes=None):
+  """WorldRoPE's expected rotary factors (``jaxwm.ops.view_factors.view_factors``) by ``impl``: ``"xla"`` the
+  reference (``per_view``: its loop over views, the sampler's faster forward), ``"cpu_flash"`` the C++ kernel
+  (``xla_kernels.cpu_view_factors``, per batch shard over ``batch_axes``; lowering it for another platform raises
+  ``ValueError``).
+
+  ``gauss``: ``mean [B, Lk, M, 3]``, ``root [B, Lk, M, 3, 3]``, ``alpha [B, Lk, M]``; ``q_intrinsics [B, F, 3, 3]``,
+  ``q_c2w [B, F, 4, 4]``; ``freqs [P, 2]`` static -> ``factors [B, F, Lk, P, 2]`` float32.
+  """
+  if impl == REFERENCE:
+    return vf_ref.view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, per_view=per_view)
+  if impl != "cpu_flash":
+    raise ValueError(f"WorldRoPE's view factors impl must be one of ('xla', 'cpu_flash'); got impl={impl!r}")
+  freqs = np.asarray(freqs, np.float32)
+  what = "model.attention_impl='cpu_flash' (WorldRoPE's factors: a CPU kernel; 'xla_lse' or 'xla' anywhere)"
+
+  def fn(mean, root, alpha, q_k, q_c2w):
+    return only_on("cpu", what, lambda *a: cpu_view_factors.view_factors(
+        dict(zip(("mean", "root", "alpha"), a[:3])), a[3], a[4], freqs, pixels_per_token),
+                   mean, root, alpha, q_k, q_c2w)
+
+  return per_batch_shard(fn, batch_axes, gauss["mean"], gauss["root"], gauss["alpha"], q_intrinsics, q_c2w)
 
 
 def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl="xla", interpret=False,

@@ -14,6 +14,7 @@ from jaxwm import kernels
 from jaxwm.encodings import worldrope as wr
 from jaxwm.geometry.rotations import make_se3
 from jaxwm.ops import attention as attn_ref
+from jaxwm.ops import view_factors as vf
 
 K = np.array([[40.0, 0.0, 32.0], [0.0, 40.0, 32.0], [0.0, 0.0, 1.0]])
 
@@ -34,9 +35,9 @@ def test_expected_factor_matches_monte_carlo():
   mu, sigma = jnp.array([3.0, 5.0]), jnp.array([0.05, 0.1])
   p = 4.0
   mean, root = wr.unproject_gaussians(uv, mu, sigma, jnp.asarray(K), jnp.asarray(key_cam), p)
-  mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
+  mean2, root2, ok = vf.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
   freqs = wr.mixed_frequencies(jnp.array([0.05, 0.2, 0.5, 1.0]))
-  re, im = wr.expected_rotary_factor(alpha, mean2, root2, ok, freqs)
+  re, im = vf.expected_rotary_factor(alpha, mean2, root2, ok, freqs)
   # Monte Carlo with the model's own assumptions: Gaussian pixel jitter of variance p^2/12
   # and Gaussian depth; exact (non-linear) unprojection and projection.
   rng = np.random.default_rng(0)
@@ -57,14 +58,14 @@ def test_deterministic_limit_is_rope_at_projected_pixel():
   uv = jnp.array([12.0, 50.0])
   mean, root = wr.unproject_gaussians(uv, jnp.array([4.0]), jnp.array([0.0]), jnp.asarray(K), jnp.asarray(key_cam),
                                      0.0)
-  mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
+  mean2, root2, ok = vf.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
   np.testing.assert_allclose(np.asarray(root2), 0.0, atol=1e-12)
   x = np.linalg.inv(K) @ np.array([12.0, 50.0, 1.0]) * 4.0
   xc = q_cam[:3, :3].T @ (x - q_cam[:3, 3])
   pix = (K @ xc)[:2] / xc[2]
   np.testing.assert_allclose(np.asarray(mean2[0]), pix, rtol=1e-5)
   freqs = wr.axial_frequencies(jnp.array([0.1, 0.3]), jnp.array([0.2, 0.7]))
-  re, im = wr.expected_rotary_factor(jnp.ones(1), mean2, root2, ok, freqs)
+  re, im = vf.expected_rotary_factor(jnp.ones(1), mean2, root2, ok, freqs)
   ph = np.asarray(freqs) @ pix
   np.testing.assert_allclose(np.asarray(re), np.cos(ph), atol=1e-5)
   np.testing.assert_allclose(np.asarray(im), np.sin(ph), atol=1e-5)
@@ -75,9 +76,9 @@ def test_hypotheses_behind_the_query_contribute_nothing():
   behind = make_se3(np.diag([-1.0, 1.0, -1.0]), np.array([0.0, 0.0, 0.5]))  # looks back at -z
   mean, root = wr.unproject_gaussians(jnp.array([32.0, 32.0]), jnp.array([2.0, 3.0]), jnp.array([0.1, 0.1]),
                                      jnp.asarray(K), jnp.asarray(key_cam), 4.0)
-  mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(behind))
+  mean2, root2, ok = vf.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(behind))
   assert not np.asarray(ok).any()
-  re, im = wr.expected_rotary_factor(jnp.array([0.5, 0.5]), mean2, root2, ok, wr.mixed_frequencies(jnp.ones(3)))
+  re, im = vf.expected_rotary_factor(jnp.array([0.5, 0.5]), mean2, root2, ok, wr.mixed_frequencies(jnp.ones(3)))
   np.testing.assert_array_equal(np.asarray(re), 0.0)
   np.testing.assert_array_equal(np.asarray(im), 0.0)
 
@@ -87,8 +88,8 @@ def test_gradients_are_finite():
 
   def f(mu, sigma, logits):
     mean, root = wr.unproject_gaussians(jnp.array([20.0, 40.0]), mu, sigma, jnp.asarray(K), jnp.asarray(key_cam), 4.0)
-    mean2, root2, ok = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
-    re, im = wr.expected_rotary_factor(jax.nn.softmax(logits), mean2, root2, ok, wr.mixed_frequencies(jnp.ones(4)))
+    mean2, root2, ok = vf.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
+    re, im = vf.expected_rotary_factor(jax.nn.softmax(logits), mean2, root2, ok, wr.mixed_frequencies(jnp.ones(4)))
     return jnp.sum(re * 0.3 + im)
 
   grads = jax.grad(f, argnums=(0, 1, 2))(jnp.array([2.0, 0.0]), jnp.array([0.1, 0.2]), jnp.array([0.1, -0.3]))
@@ -102,7 +103,7 @@ def test_projected_covariance_matches_float64_jacobian():
   uv, mu, sigma, p = np.array([20.0, 40.0]), 3.0, 0.2, 4.0
   mean, root = wr.unproject_gaussians(jnp.asarray(uv), jnp.array([mu]), jnp.array([sigma]), jnp.asarray(K),
                                       jnp.asarray(key_cam), p)
-  _, root2, _ = wr.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
+  _, root2, _ = vf.project_gaussians(mean, root, jnp.asarray(K), jnp.asarray(q_cam))
   got = np.asarray(root2[0], np.float64) @ np.asarray(root2[0], np.float64).T
 
   def lift(a):  # (u, v, depth) -> world point (key camera = world)
@@ -134,8 +135,8 @@ def test_factor_is_bounded_under_jit_for_extreme_geometry():
   def f(uv, mu, sigma):
     mean, root = wr.unproject_gaussians(uv, mu, sigma, jnp.asarray(K), jnp.asarray(make_se3(np.eye(3), np.zeros(3))),
                                         4.0)
-    mean2, root2, ok = wr.project_gaussians(mean[None], root[None], jnp.asarray(K), jnp.asarray(q_cams))
-    return wr.expected_rotary_factor(jnp.full((m,), 0.25), mean2 / 4.0, root2 / 4.0, ok, freqs)
+    mean2, root2, ok = vf.project_gaussians(mean[None], root[None], jnp.asarray(K), jnp.asarray(q_cams))
+    return vf.expected_rotary_factor(jnp.full((m,), 0.25), mean2 / 4.0, root2 / 4.0, ok, freqs)
 
   re, im = f(uv, mu, sigma)
   mag = np.hypot(np.asarray(re), np.asarray(im))

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -35,24 +36,6 @@ typedef void (*sgemm_t)(const char*, const char*, const int*, const int*, const 
                         const int*, const float*, const int*, const float*, float*, const int*);
 static sgemm_t sgemm = nullptr;
 extern "C" void jaxwm_cpu_attention_set_sgemm(void* p) { sgemm = (sgemm_t)p; }
-
-// exp(x) for x <= 0 (scores minus their row maximum): Cephes' range reduction and polynomial; 0 below -87.
-static inline float exp_nonpositive(float x) {
-  float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  int32_t e = ((int32_t)std::max(n, -126.0f) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  float out = x < -87.0f ? 0.0f : y * scale;
-  return x != x ? x : out;  // NaN in, NaN out
-}
 
 struct Shapes {
   int B, Lq, H, D, Lk, Dv, P, F, N, Bm;

@@ -12,49 +12,33 @@ Products by the BLAS ``sgemm`` that scipy ships (OpenBLAS, set to one thread for
 runs its units (forward: batch, head, query frame and block; backward: batch and head) on OpenMP threads
 (:func:`threads`).
 
-Built with ``g++`` at first use into ``$JAXWM_KERNEL_CACHE`` (default ``~/.cache/jaxwm``), one file per source,
-jaxlib version and host CPU, under a file lock (parallel test workers build it once). float32 only; a mask is a
+Built with ``g++`` at first use (``cpu_build``). float32 only; a mask is a
 token mask shared by the heads (broadcastable to ``[B, (1,) Lq, Lk]``; a frame mask is expanded); anything else is
 refused with a ``ValueError`` naming the impl (:func:`unsupported` says why without raising).
 """
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import pathlib
-import shutil
-import subprocess
-import tempfile
 import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xla_kernels import cpu_build
+
 IMPL = "cpu_flash"
 BLOCK = 64  # queries per forward unit: 64 score rows of a few thousand keys stay in a 1-2 MB cache
 SOURCE = pathlib.Path(__file__).with_suffix(".cc")
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 _lock = threading.Lock()
 _loaded = []
 
 
 def _fail(message):
   raise ValueError(f"model.attention_impl={IMPL!r}: {message}")
-
-
-def _build(path):
-  compiler = shutil.which(os.environ.get("CXX", "g++"))
-  if compiler is None:
-    _fail("builds a C++ kernel with g++ (or $CXX), which was not found; install it or use 'xla_lse'")
-  tmp = f"{path}.{os.getpid()}.tmp"
-  proc = subprocess.run([compiler, *FLAGS, "-w", f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp],
-                        capture_output=True, text=True, check=False)
-  if proc.returncode:
-    _fail(f"compiling {SOURCE.name} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
-  os.replace(tmp, path)
 
 
 def _one_blas_thread(blas):
@@ -71,43 +55,13 @@ def _one_blas_thread(blas):
                   "the kernel may oversubscribe the cores", IMPL, [str(p) for p in libs])
 
 
-def _host_cpu():
-  """The host CPU's model and instruction-set flags (``-march=native`` builds for them: a cache shared by hosts
-  with other CPUs keeps one file per CPU)."""
-  import platform  # pylint: disable=g-import-not-at-top
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      info = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
-  except OSError:
-    info = []
-  return platform.machine() + "".join(sorted(set(info)))
-
-
 def library():
   """The loaded kernel library (built on first use), its FFI targets registered and its ``sgemm`` set."""
   with _lock:
     if _loaded:
       return _loaded[0]
-    import jaxlib  # pylint: disable=g-import-not-at-top
     import scipy.linalg.cython_blas as blas  # pylint: disable=g-import-not-at-top
-    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode() + " ".join(FLAGS).encode() +
-                         _host_cpu().encode()).hexdigest()
-    cache = pathlib.Path(os.environ.get("JAXWM_KERNEL_CACHE", pathlib.Path.home() / ".cache" / "jaxwm"))
-    try:
-      cache.mkdir(parents=True, exist_ok=True)
-      writable = os.access(cache, os.W_OK)
-    except OSError:
-      writable = False
-    if not writable:  # a read-only home or cache: the temporary directory
-      cache = pathlib.Path(tempfile.gettempdir()) / "jaxwm_kernels"
-      cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"cpu_attention-{key[:16]}.so"
-    import fcntl  # pylint: disable=g-import-not-at-top  (POSIX: importing jaxwm elsewhere must not need it)
-    with open(cache / ".lock", "w") as lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)
-      if not path.exists():
-        _build(path)
-    lib = ctypes.CDLL(str(path))
+    lib = cpu_build.shared_library(SOURCE, _fail)
     capsule = blas.__pyx_capi__["sgemm"]
     name = ctypes.pythonapi.PyCapsule_GetName
     name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
@@ -115,10 +69,8 @@ def library():
     pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     lib.jaxwm_cpu_attention_set_sgemm(ctypes.c_void_p(pointer(capsule, name(capsule))))
     _one_blas_thread(blas)
-    jax.ffi.register_ffi_target("jaxwm_cpu_attention_fwd", jax.ffi.pycapsule(lib.JaxwmCpuAttentionForward),
-                                platform="cpu")
-    jax.ffi.register_ffi_target("jaxwm_cpu_attention_bwd", jax.ffi.pycapsule(lib.JaxwmCpuAttentionBackward),
-                                platform="cpu")
+    cpu_build.register(lib, {"jaxwm_cpu_attention_fwd": "JaxwmCpuAttentionForward",
+                             "jaxwm_cpu_attention_bwd": "JaxwmCpuAttentionBackward"})
     _loaded.append(lib)
     return lib
 

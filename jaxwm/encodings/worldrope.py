@@ -15,7 +15,8 @@ covariance -> 0 and ``M = 1`` it is the ordinary rotation at the projected point
 
 In attention (:class:`WorldRoPE`, called by ``jaxwm.models.attention``) keys keep only the temporal RoPE; a
 linear head on each key token's input gives its hypotheses; for every query frame the keys'
-h/w pairs are multiplied by their expected factor in that view (:func:`view_factors`) and
+h/w pairs are multiplied by their expected factor in that view (``jaxwm.ops.view_factors``; ``cpu_flash``: a C++
+kernel, ``jaxwm.kernels.view_factors``) and
 each query frame attends with its own keys (``jaxwm.kernels.per_view_attention``: ``cpu_flash`` rotates the keys
 inside its kernel). The KV cache keeps the pre-transform keys and each key's Gaussians.
 """
@@ -34,7 +35,6 @@ from jaxwm.encodings.rope3d import apply_rotary, rope_axis_dims, rope_frequencie
 from jaxwm.geometry.cameras import token_pixel_centers
 from jaxwm.layers import batch_mesh_axes
 from jaxwm.ops.attention import pair_channels, per_view_logits, rotate_pairs
-from jaxwm.ops.sincos import sincos
 
 
 def unproject_gaussians(uv, mu, sigma, intrinsics, c2w, patch_pixels):
@@ -60,99 +60,6 @@ def unproject_gaussians(uv, mu, sigma, intrinsics, c2w, patch_pixels):
   root = jnp.stack([(s * mu)[..., None] * du[..., None, :], (s * mu)[..., None] * dv[..., None, :],
                     sigma[..., None] * ray[..., None, :]], -1)  # [..., M, 3, 3] columns u, v, depth
   return mean, root
-
-
-def project_gaussians(mean, root, intrinsics, c2w, eps=1e-6):
-  """First-order projection of world Gaussians into a camera.
-
-  Args:
-    mean: ``[..., M, 3]``; root: ``[..., M, 3, R]`` covariance roots (``cov = root root^T``);
-      intrinsics ``[..., 3, 3]``, c2w ``[..., 4, 4]`` of the query camera (leading dims broadcast
-      against the Gaussians').
-
-  Returns:
-    ``(mean2 [..., M, 2] pixels, root2 [..., M, 2, R], in_front [..., M] bool)``; the projected covariance is
-    ``Sigma' = J_pi cov J_pi^T = root2 root2^T``. Hypotheses behind the camera get ``mean2 = root2 = 0``.
-  """
-  rot, origin = c2w[..., :3, :3], c2w[..., :3, 3]
-  xc = jnp.einsum("...ji,...mj->...mi", rot, mean - origin[..., None, :])  # R^T (X - o)
-  z = xc[..., 2]
-  in_front = z > eps
-  zs = jnp.where(in_front, z, 1.0)
-  k = intrinsics[..., None, :, :]
-  fx, fy, cx, cy, sk = k[..., 0, 0], k[..., 1, 1], k[..., 0, 2], k[..., 1, 2], k[..., 0, 1]
-  x, y = xc[..., 0] / zs, xc[..., 1] / zs
-  mean2 = jnp.where(in_front[..., None], jnp.stack([fx * x + sk * y + cx, fy * y + cy], -1), 0.0)
-  zero = jnp.zeros_like(x)
-  # d(u, v) / d(x_c, y_c, z_c)
-  jc = jnp.stack([jnp.stack([fx / zs, sk / zs, -(fx * x + sk * y) / zs], -1),
-                  jnp.stack([zero, fy / zs, -fy * y / zs], -1)], -2)
-  # chain with d x_c / d X = R^T, then the root: [..., M, 2, R]
-  root_c = jnp.einsum("...ji,...mjr->...mir", rot, root)  # R^T root
-  root2 = jnp.einsum("...mic,...mcr->...mir", jc, root_c)
-  return mean2, jnp.where(in_front[..., None, None], root2, 0.0), in_front
-
-
-def expected_rotary_factor(alpha, mean2, root2, valid, freqs):
-  """``sum_m alpha_m valid_m exp(i w . mu'_m - w^T Sigma'_m w / 2)`` per frequency.
-
-  Args:
-    alpha: ``[..., M]`` hypothesis weights; mean2 ``[..., M, 2]`` and the covariance roots root2
-      ``[..., M, 2, R]`` (``Sigma' = root2 root2^T``) in the units of the frequencies; valid ``[..., M]``
-      (False: behind the query camera).
-    freqs: ``[P, 2]`` frequency vectors (axial ``[w, 0]`` / ``[0, w]``, or mixed).
-
-  Returns:
-    ``(real, imag)``, each ``[..., P]``. ``Sigma'`` is built from its root (diagonal entries are sums of
-    squares) and ``w^T Sigma' w`` is clamped at 0, so the attenuation is at most 1 (a triple product
-    ``J cov J^T`` lost its symmetry under XLA's CPU fusion and overflowed ``exp``).
-  """
-  phase = jnp.einsum("...mi,pi->...mp", mean2, freqs)
-  # Sigma' entries from the root (uu, vv >= 0 exactly; uv by Cauchy-Schwarz), then w^T Sigma' w per frequency
-  # as one small contraction; clamped at 0 against rounding.
-  cov3 = jnp.stack([jnp.sum(jnp.square(root2[..., 0, :]), -1), jnp.sum(jnp.square(root2[..., 1, :]), -1),
-                    2.0 * jnp.sum(root2[..., 0, :] * root2[..., 1, :], -1)], -1)  # [..., M, 3]
-  f = jnp.asarray(freqs)
-  fq = jnp.stack([f[:, 0]**2, f[:, 1]**2, f[:, 0] * f[:, 1]], 0)  # [3, P]
-  quad = jnp.maximum(jnp.einsum("...mc,cp->...mp", cov3, fq), 0.0)
-  w = (alpha * valid)[..., None] * jnp.exp(-0.5 * quad)
-  return jnp.sum(w * jnp.cos(phase), -2), jnp.sum(w * jnp.sin(phase), -2)
-
-
-def _project_terms(mean, root, intrinsics, c2w, eps=1e-6):
-  """:func:`project_gaussians` with every 3x3 product written out term by term (the same maths; XLA:CPU fuses
-  these into one loop, where it runs the einsums as thousands of batched 3x3 dots)."""
-  rot = c2w[..., None, :3, :3]  # [..., 1, 3, 3] against the hypotheses' [..., M, 3]
-  d = mean - c2w[..., None, :3, 3]
-  xc = [sum(rot[..., j, i] * d[..., j] for j in range(3)) for i in range(3)]  # R^T (X - o)
-  in_front = xc[2] > eps
-  zs = jnp.where(in_front, xc[2], 1.0)
-  k = intrinsics[..., None, :, :]
-  fx, fy, cx, cy, sk = k[..., 0, 0], k[..., 1, 1], k[..., 0, 2], k[..., 1, 2], k[..., 0, 1]
-  x, y = xc[0] / zs, xc[1] / zs
-  mean2 = jnp.where(in_front[..., None], jnp.stack([fx * x + sk * y + cx, fy * y + cy], -1), 0.0)
-  # rows of d(u, v) / d(x_c, y_c, z_c) chained with d x_c / d X = R^T: a_i[c] = sum_j jc[i, j] R[c, j]
-  jc = ((fx / zs, sk / zs, -(fx * x + sk * y) / zs), (None, fy / zs, -fy * y / zs))
-  a = [[sum(row[j] * rot[..., c, j] for j in range(3) if row[j] is not None) for c in range(3)] for row in jc]
-  root2 = jnp.stack([sum(ai[c][..., None] * root[..., c, :] for c in range(3)) for ai in a], -2)  # [..., M, 2, R]
-  return mean2, jnp.where(in_front[..., None, None], root2, 0.0), in_front
-
-
-def _factor_terms(alpha, mean2, root2, valid, freqs):
-  """:func:`expected_rotary_factor` with the small axes summed term by term and :func:`jaxwm.ops.sincos.sincos`
-  (the same maths; a reduction over the hypotheses ran 8x slower on XLA:CPU, ``jnp.sin`` / ``jnp.cos`` 2x)."""
-  f = np.asarray(freqs, np.float32)
-  fu, fv = f[:, 0], f[:, 1]
-  phase = mean2[..., 0:1] * fu + mean2[..., 1:2] * fv  # [..., M, P]
-  r0 = [root2[..., 0, c] for c in range(root2.shape[-1])]
-  r1 = [root2[..., 1, c] for c in range(root2.shape[-1])]
-  uu, vv, uv = sum(a * a for a in r0), sum(b * b for b in r1), sum(a * b for a, b in zip(r0, r1))
-  quad = jnp.maximum(uu[..., None] * fu**2 + vv[..., None] * fv**2 + (2.0 * uv)[..., None] * (fu * fv), 0.0)
-  w = (alpha * valid)[..., None] * jnp.exp(-0.5 * quad)
-  sin, cos = sincos(phase)
-  wc, ws = w * cos, w * sin
-  m = range(alpha.shape[-1])
-  return sum(wc[..., i, :] for i in m), sum(ws[..., i, :] for i in m)
 
 
 def axial_frequencies(freqs_h, freqs_w):
@@ -210,43 +117,17 @@ def key_gaussians(raw, uv, intrinsics, c2w, patch_pixels, depth_init):
   return {"mean": mean, "root": root, "alpha": jax.nn.softmax(logits, axis=-1)}
 
 
-def view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, per_view=False):
-  """The expected rotary factor of every key in each query view: ``factors [B, Fq, Lk, P, 2]`` (re, im) float32, for
-  the key Gaussians ``gauss`` (``mean [B, Lk, M, 3]``, ``root``, ``alpha``) projected into the query cameras
-  ``q_intrinsics [B, Fq, 3, 3]``, ``q_c2w [B, Fq, 4, 4]`` (token-grid units), at the frequencies ``freqs [P, 2]``.
-
-  ``per_view=True`` (the sampler: :meth:`WorldRoPE.cache_views`, and the chunk's own keys in its forwards): the
-  same values from a loop over the query views with the factor's terms written out (:func:`_project_terms`,
-  :func:`_factor_terms`), so that XLA computes each factor once (fused into the keys' product, it was recomputed
-  for every head and channel): 5x faster forward on CPU (BENCHMARKS.md, "WorldRoPE's views of the sampler's
-  cache"). Its backward is slower than the vectorised form's, which training keeps.
-  """
-  s = pixels_per_token
-  if per_view:
-    def view(cams):  # one query view's factor [B, Lk, P]
-      mean2, root2, ok = _project_terms(gauss["mean"], gauss["root"], cams[0][:, None], cams[1][:, None])
-      return _factor_terms(gauss["alpha"], mean2 / s - 0.5, root2 / s, ok, freqs)
-
-    re, im = jax.lax.map(view, (jnp.swapaxes(q_intrinsics, 0, 1), jnp.swapaxes(q_c2w, 0, 1)))  # [Fq, B, Lk, P]
-    re, im = jnp.swapaxes(re, 0, 1), jnp.swapaxes(im, 0, 1)
-  else:
-    mean2, root2, ok = project_gaussians(gauss["mean"][:, None], gauss["root"][:, None], q_intrinsics[:, :, None],
-                                         q_c2w[:, :, None])
-    # pixel -> token-grid coordinates (token centres at integers)
-    re, im = expected_rotary_factor(gauss["alpha"][:, None], mean2 / s - 0.5, root2 / s, ok,
-                                    jnp.asarray(freqs))  # [B, Fq, Lk, P]
-  return jnp.stack([re, im], -1)
-
-
-def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token, per_view=False):
+def transform_keys(k, gauss, q_intrinsics, q_c2w, freqs, pair_idx, pixels_per_token, per_view=False, impl="xla"):
   """The pairs ``pair_idx`` of every key as seen from each query view: ``k [B, Lk, H, D]`` ->
   ``[B, Fq, Lk, H, 2 P]`` (channels ``2p, 2p + 1`` of each pair, in ``pair_idx`` order).
 
   Each pair is multiplied (as a complex number) by the expected rotary factor of the key's Gaussians
-  projected into query view ``f`` (:func:`view_factors`; ``jaxwm.ops.attention.rotate_pairs``). The other channels
-  do not depend on the view and are not repeated per view (the per-view attention takes them from ``k``).
+  projected into query view ``f`` (``jaxwm.kernels.view_factors`` by ``impl``, ``per_view`` for the reference;
+  ``jaxwm.ops.attention.rotate_pairs``). The other channels do not depend on the view and are not repeated per view
+  (the per-view attention takes them from ``k``).
   """
-  factors = view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, per_view)
+  factors = kernels.view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, impl=impl, per_view=per_view,
+                                 batch_axes=batch_mesh_axes())
   return rotate_pairs(k, factors, pair_idx)
 
 
@@ -336,9 +217,12 @@ class WorldRoPE(CameraEncoding):
     pixels = cfg.patch_size[1] * cfg.camera.vae_stride
     q_k = intrinsics.astype(jnp.float32)
 
+    impl = kernels.resolve_view_factors_impl(cfg.attention_impl)
+
     def layer(k, mean, root, alpha):
       gauss = {"mean": mean, "root": root, "alpha": alpha}
-      return transform_keys(k.astype(cfg.compute_dtype), gauss, q_k, c2w, freqs, pairs, pixels, per_view=True)
+      return transform_keys(k.astype(cfg.compute_dtype), gauss, q_k, c2w, freqs, pairs, pixels, per_view=True,
+                            impl=impl)
 
     # every layer at once (a loop over layers wrote its stacked output 2x slower on CPU)
     return {"wr_views": jax.vmap(layer)(*(cache_keys[n] for n in ("k", "wr_mean", "wr_root", "wr_alpha")))}
@@ -364,6 +248,7 @@ class WorldRoPE(CameraEncoding):
     own = {"k": k, "v": v, **{f"wr_{name}": gauss[name] for name in self._GAUSS}}
     keys = dict(own, k=apply_rotary(k, queries.rope * keep))  # keys: time RoPE only, at their positions
     pairs, freqs = self._pairs(cfg)
+    factor_impl = kernels.resolve_view_factors_impl(cfg.attention_impl)
     gauss_of = lambda ks: {n: ks[f"wr_{n}"] for n in self._GAUSS}  # pylint: disable=unnecessary-lambda-assignment
     hoisted = None if cache_kv is None else cache_kv.get("wr_views")  # the cache's views, from cache_views
     channels = pair_channels(pairs)
@@ -371,15 +256,19 @@ class WorldRoPE(CameraEncoding):
       old_k = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
       out = per_view_attention_cached(q, (old_k, hoisted.astype(k.dtype), cache_kv["v"].astype(v.dtype)),
                                       (keys["k"], transform_keys(keys["k"], gauss_of(keys), cam.q_k, cam.q_c2w, freqs,
-                                                                 pairs, pixels, per_view=True), v), mask, channels)
+                                                                 pairs, pixels, per_view=True, impl=factor_impl), v),
+                                      mask, channels)
       return out, own
     if cache_kv is not None:
       old = {name: cache_kv[name] for name in keys}
       old["k"] = apply_rotary(cache_kv["k"].astype(k.dtype), cached.rope * keep)
       keys = {name: jnp.concatenate([old[name].astype(a.dtype), a], axis=1) for name, a in keys.items()}
     with jax.named_scope("worldrope_factors"):  # named in profiles (benchmarks/profile_step.py)
-      factors = jax.checkpoint(functools.partial(view_factors, freqs=freqs, pixels_per_token=pixels))(
-          gauss_of(keys), cam.q_k, cam.q_c2w)
+      factors_of = functools.partial(kernels.view_factors, freqs=freqs, pixels_per_token=pixels, impl=factor_impl,
+                                     batch_axes=batch_mesh_axes())
+      if factor_impl == "xla":  # rematerialised: XLA's backward kept five per-hypothesis residuals (the kernel: none)
+        factors_of = jax.checkpoint(factors_of)
+      factors = factors_of(gauss_of(keys), cam.q_k, cam.q_c2w)
     out = kernels.per_view_attention(q, keys["k"], keys["v"], factors, pairs, mask, scale=q.shape[-1] ** -0.5,
                                      impl=cfg.attention_impl, batch_axes=batch_mesh_axes())
     return out, own

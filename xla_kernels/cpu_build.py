@@ -1,0 +1,81 @@
+"""Builds and loads the C++ kernels for XLA:CPU (``cpu_*.cc`` beside this file, with the shared ``cpu_math.h``).
+
+Each source is compiled with ``g++`` (or ``$CXX``) at first use into ``$JAXWM_KERNEL_CACHE`` (default
+``~/.cache/jaxwm``; a read-only one falls back to the temporary directory), one file per source, header, jaxlib
+version, flags and host CPU (``-march=native``: a cache shared by hosts with other CPUs keeps one file per CPU),
+under a file lock, so that parallel test workers build it once.
+"""
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import jax
+
+HERE = pathlib.Path(__file__).parent
+HEADERS = (HERE / "cpu_math.h",)
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
+
+
+def host_cpu():
+  """The host CPU's model and instruction-set flags."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      info = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+  except OSError:
+    info = []
+  return platform.machine() + "".join(sorted(set(info)))
+
+
+def _cache_dir():
+  cache = pathlib.Path(os.environ.get("JAXWM_KERNEL_CACHE", pathlib.Path.home() / ".cache" / "jaxwm"))
+  try:
+    cache.mkdir(parents=True, exist_ok=True)
+    writable = os.access(cache, os.W_OK)
+  except OSError:
+    writable = False
+  if not writable:
+    cache = pathlib.Path(tempfile.gettempdir()) / "jaxwm_kernels"
+    cache.mkdir(parents=True, exist_ok=True)
+  return cache
+
+
+def _compile(source, path, fail):
+  compiler = shutil.which(os.environ.get("CXX", "g++"))
+  if compiler is None:
+    fail("builds a C++ kernel with g++ (or $CXX), which was not found; install it or use 'xla_lse'")
+  tmp = f"{path}.{os.getpid()}.tmp"
+  proc = subprocess.run([compiler, *FLAGS, "-w", f"-I{jax.ffi.include_dir()}", f"-I{HERE}", str(source), "-o", tmp],
+                        capture_output=True, text=True, check=False)
+  if proc.returncode:
+    fail(f"compiling {source.name} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+  os.replace(tmp, path)
+
+
+def shared_library(source, fail):
+  """``source`` (a ``.cc`` path) built if needed and loaded (``ctypes.CDLL``); ``fail(message)`` raises for a
+  missing compiler or a failed build."""
+  import fcntl  # pylint: disable=g-import-not-at-top  (POSIX: importing jaxwm elsewhere must not need it)
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  source = pathlib.Path(source)
+  text = source.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+  key = hashlib.sha256(text + jaxlib.__version__.encode() + " ".join(FLAGS).encode() +
+                       host_cpu().encode()).hexdigest()
+  cache = _cache_dir()
+  path = cache / f"{source.stem}-{key[:16]}.so"
+  with open(cache / ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not path.exists():
+      _compile(source, path, fail)
+  return ctypes.CDLL(str(path))
+
+
+def register(lib, targets):
+  """Registers ``{target name: symbol}`` of ``lib`` as XLA:CPU FFI targets."""
+  for name, symbol in targets.items():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
