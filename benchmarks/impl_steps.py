@@ -1,6 +1,8 @@
-"""Attention impls in the training step, and jaxwm's backbone against torch's with each alone in its own process.
+"""Attention impls (and remat policies) in the training step, and jaxwm's backbone against torch's with each alone in
+its own process.
 
   python benchmarks/impl_steps.py --configs tiny_viewrope_tf,small,recipe_w192,recipe_w384 --impls xla_lse,cpu_flash
+  python benchmarks/impl_steps.py --configs tiny,recipe_w384 --impls auto --remats none,dots_and_kernels
 
 Per config: the real train step (``train_step.jaxwm_train_step``) and the backbone step (``train_step.
 jaxwm_backbone_step``: rope3d, dense attention) for each ``model.attention_impl``, the impls interleaved in one
@@ -26,16 +28,26 @@ from jaxwm.utils import hugepages  # noqa: E402
 from timing import interleaved_best  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
-def _config(name, impl=None):
+def _config(name, impl=None, remat=None):
   c = ts.CONFIGS[name]()
   resolve_batch_size(c, 1)
   if impl is not None:
     c.model.attention_impl = impl
+  if remat is not None:
+    c.model.remat = remat
   return c
 
 
-def _real(name, impl):
-  tr, state, batch, key = ts.jaxwm_train_step(_config(name, impl), f"/tmp/jaxwm_impl_steps_{name}_{impl}")
+def _variant(v):
+  """``"impl"`` or ``"impl/remat"`` -> ``(impl, remat or None)``."""
+  impl, _, remat = v.partition("/")
+  return impl, remat or None
+
+
+def _real(name, v):
+  impl, remat = _variant(v)
+  tr, state, batch, key = ts.jaxwm_train_step(_config(name, impl, remat),
+                                              f"/tmp/jaxwm_impl_steps_{name}_{v.replace('/', '_')}")
   box = [state]
 
   def run():
@@ -45,8 +57,8 @@ def _real(name, impl):
   return run
 
 
-def _backbone(name, impl):
-  step, args, _ = ts.jaxwm_backbone_step(_config(name, impl))
+def _backbone(name, v):
+  step, args, _ = ts.jaxwm_backbone_step(_config(name, *_variant(v)))
   box = [args]
 
   def run():
@@ -70,6 +82,8 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--configs", default="tiny_viewrope_tf,small,recipe_w192,recipe_w384")
   p.add_argument("--impls", default="xla_lse,cpu_flash")
+  p.add_argument("--remats", default="", help="comma-separated model.remat policies: one column per impl and policy "
+                 "(default: the config's)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--torch-only", default=None, help=argparse.SUPPRESS)
   a = p.parse_args()
@@ -85,8 +99,13 @@ def main():
   if bad:
     p.error(f"--configs: {bad} not among {sorted(ts.CONFIGS)}")
   from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import REMAT_POLICIES  # pylint: disable=g-import-not-at-top
   if any(i not in ATTENTION_IMPLS for i in impls):
     p.error(f"--impls: {impls} not all among {ATTENTION_IMPLS}")
+  remats = [r for r in a.remats.split(",") if r]
+  if any(r not in REMAT_POLICIES for r in remats):
+    p.error(f"--remats: {remats} not all among {REMAT_POLICIES}")
+  impls = [f"{i}/{r}" for i in impls for r in remats] if remats else impls
   print(f"{os.cpu_count()} CPU cores; best of {a.repeats}; huge pages for jaxwm: "
         f"{'on' if hugepages.enabled() else 'off'}; ms\n")
   print("| config | " + " | ".join(f"real step {i}" for i in impls) + " | " +

@@ -1,8 +1,10 @@
 """Training numerics across implementations: the loss of the same training run (config, seed, data, steps) with
-each ``model.attention_impl``, step by step, and the largest difference from the first impl's.
+each ``model.attention_impl`` (or ``impl/remat``: with that ``model.remat`` too), step by step, and the largest
+difference from the first one's.
 
   python benchmarks/loss_trajectory.py                                  # the default config, 20 steps, xla vs xla_lse
   python benchmarks/loss_trajectory.py --config recipe_w384 --steps 20 --impls xla,xla_lse
+  python benchmarks/loss_trajectory.py --impls auto/none,auto/dots_and_kernels
 
 Each run is ``jaxwm.training.loop.run`` in a fresh temporary workdir (the real loop: data, layout, optimiser),
 so a difference is the implementation's alone.
@@ -22,10 +24,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step as ts  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def losses(config_name, impl, steps):
+def losses(config_name, variant, steps):
   from jaxwm.training.loop import run  # pylint: disable=g-import-not-at-top
   config = ts.CONFIGS[config_name]()
+  impl, _, remat = variant.partition("/")
   config.model.attention_impl = impl
+  if remat:
+    config.model.remat = remat
   config.train.num_steps = steps
   config.train.log_every = 1
   config.train.ckpt_every = steps
@@ -46,9 +51,11 @@ def main():
   if a.steps < 1:
     p.error(f"--steps={a.steps}: must be >= 1")
   from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
+  from jaxwm.models.config import REMAT_POLICIES  # pylint: disable=g-import-not-at-top
   impls = [i for i in a.impls.split(",") if i]
-  if len(impls) < 2 or any(i not in ATTENTION_IMPLS for i in impls):
-    p.error(f"--impls={a.impls!r}: two or more of {ATTENTION_IMPLS}")
+  ok = lambda v: v.partition("/")[0] in ATTENTION_IMPLS and v.partition("/")[2] in ("", *REMAT_POLICIES)  # pylint: disable=unnecessary-lambda-assignment
+  if len(impls) < 2 or not all(map(ok, impls)):
+    p.error(f"--impls={a.impls!r}: two or more of {ATTENTION_IMPLS}, each optionally '/<remat>' of {REMAT_POLICIES}")
   runs = {i: losses(a.config, i, a.steps) for i in impls}
   ref = runs[impls[0]]
   print(f"{a.config}, {a.steps} steps; loss per step:")

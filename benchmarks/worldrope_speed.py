@@ -19,10 +19,12 @@ Parts (``--parts``):
   outputs compared.
 - ``step``: the default model's real train step (``configs/tiny.py``, ``cpu_flash`` attention) with WorldRoPE's
   factors by the reference against the kernel, interleaved in one process (best of ``min(--reps, 10)``).
-- ``keys``: one layer's ``transform_keys`` both ways, outputs compared.
+- ``keys``: one layer's ``transform_keys`` three ways (the vectorised reference, its ``per_view=True`` loop, the
+  factors' C++ kernel), outputs compared.
 - ``viewer``: the viewer's generation path (``jaxwm.play.engine.Player`` with the randomly initialised default
-  model, as ``benchmarks/play_speed.py``): median chunk time of chunks 15-25 with the ``cache_views`` of before
-  and of now, in the same process.
+  model, as ``benchmarks/play_speed.py``): median chunk time of chunks 15-25 with the ``cache_views`` of
+  2026-12-04, with today's sampler but the factors in ``jnp``, and as it runs (the factors' C++ kernel), in the same
+  process.
 """
 
 import argparse
@@ -57,21 +59,26 @@ def _old_cache_views(self, cfg, cache_keys, c2w, intrinsics):
 
 
 class formulation:  # pylint: disable=invalid-name
-  """``with formulation("before"):`` the baseline's ``WorldRoPE.cache_views``."""
+  """``with formulation("before"):`` the baseline's ``WorldRoPE.cache_views`` (2026-12-04, factors in ``jnp``);
+  ``formulation("jnp_factors")``: today's sampler with the factors by the ``jnp`` reference instead of the C++
+  kernel; ``formulation("now")``: as it runs."""
 
   def __init__(self, which):
     self.which = which
 
   def __enter__(self):
+    from jaxwm import kernels  # pylint: disable=g-import-not-at-top
     jax.clear_caches()  # the programs are traced again with the patched functions
+    self.saved = type(wr.ENCODING).cache_views, kernels.resolve_view_factors_impl
     if self.which == "before":
-      self.saved = type(wr.ENCODING).cache_views
       type(wr.ENCODING).cache_views = _old_cache_views
+    if self.which in ("before", "jnp_factors"):
+      kernels.resolve_view_factors_impl = lambda _: "xla"
     return self
 
   def __exit__(self, *exc):
-    if self.which == "before":
-      type(wr.ENCODING).cache_views = self.saved
+    from jaxwm import kernels  # pylint: disable=g-import-not-at-top
+    type(wr.ENCODING).cache_views, kernels.resolve_view_factors_impl = self.saved
     jax.clear_caches()
 
 
@@ -120,19 +127,22 @@ def _keys_inputs(b, lk, fq, heads=4, head_dim=48, m=4, seed=0):
 def part_keys(reps):
   pairs = list(range(8, 24))  # head dim 48: the 16 h/w pairs, as the default model's "hw" channels
   freqs = wr.hw_frequencies(48, pairs)
-  print("| keys x views (one layer) | vectorised ms | per_view=True ms | speed-up | max abs difference |")
-  print("| --- | --- | --- | --- | --- |")
+  print("| keys x views (one layer) | vectorised ms | per_view=True ms | factor kernel ms | per_view / vectorised | "
+        "kernel / per_view | max abs difference |")
+  print("| --- | --- | --- | --- | --- | --- | --- |")
   for label, (b, lk, fq) in {"576 x 2 (window cache, chunk of 2)": (1, 576, 2),
                              "1536 x 2 (landmark cache, chunk of 2)": (1, 1536, 2),
                              "4160 x 2 (full cache, 65 frames)": (1, 4160, 2)}.items():
     k, gauss, q_k, q_c2w = _keys_inputs(b, lk, fq)
-    row, outs = [], []
-    for per_view in (False, True):
-      g = jax.jit(lambda k_, g_, pv=per_view: wr.transform_keys(k_, g_, q_k, q_c2w, freqs, pairs, 4.0, per_view=pv))
-      outs.append(g(k, gauss))
-      row.append(_median_ms(g, (k, gauss), reps))
-    diff = float(jnp.max(jnp.abs(outs[0] - outs[1])))
-    print(f"| {label} | {row[0]:.2f} | {row[1]:.2f} | {row[0] / row[1]:.2f}x | {diff:.1e} |", flush=True)
+    fns = {name: jax.jit(lambda k_, g_, pv=pv, impl=impl: wr.transform_keys(k_, g_, q_k, q_c2w, freqs, pairs, 4.0,
+                                                                           per_view=pv, impl=impl))
+           for name, pv, impl in (("vectorised", False, "xla"), ("per_view", True, "xla"),
+                                  ("kernel", False, "cpu_flash"))}
+    outs = {name: fn(k, gauss) for name, fn in fns.items()}
+    t = {name: _median_ms(fn, (k, gauss), reps) for name, fn in fns.items()}
+    diff = max(float(jnp.max(jnp.abs(outs["vectorised"] - o))) for o in outs.values())
+    print(f"| {label} | {t['vectorised']:.2f} | {t['per_view']:.2f} | {t['kernel']:.2f} | "
+          f"{t['vectorised'] / t['per_view']:.2f}x | {t['per_view'] / t['kernel']:.2f}x | {diff:.1e} |", flush=True)
 
 
 def part_factors(reps):
@@ -204,18 +214,19 @@ def part_viewer(steps, policies, chunks):
   model, _ = ps.random_model(config, 65)
   first, k = first_frame(model, 0)
   controls = Controls(speed=0.05, turn=5.0)
-  print("| memory | steps | before: chunk ~20 ms | frames/s | now: chunk ~20 ms | frames/s | speed-up |")
-  print("| --- | --- | --- | --- | --- | --- | --- |")
+  print("| memory | steps | before (2026-12-04): chunk ~20 ms | frames/s | factors in jnp: chunk ~20 ms | frames/s | "
+        "now (factor kernel): chunk ~20 ms | frames/s | now / factors in jnp | now / before |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for policy in policies:
     for st in steps:
       med = {}
-      for which in ("before", "now"):
+      for which in ("before", "jnp_factors", "now"):
         with formulation(which):
           times, _ = ps.walk(model, first, k, policy, st, chunks, controls)
         med[which] = float(np.median(times[15:25]))
-      b, n = med["before"], med["now"]
-      print(f"| {policy} | {st} | {1e3 * b:.1f} | {model.chunk / b:.1f} | {1e3 * n:.1f} | {model.chunk / n:.1f} | "
-            f"{b / n:.2f}x |", flush=True)
+      b, j, n = med["before"], med["jnp_factors"], med["now"]
+      print(f"| {policy} | {st} | {1e3 * b:.1f} | {model.chunk / b:.1f} | {1e3 * j:.1f} | {model.chunk / j:.1f} | "
+            f"{1e3 * n:.1f} | {model.chunk / n:.1f} | {j / n:.2f}x | {b / n:.2f}x |", flush=True)
 
 
 def main():

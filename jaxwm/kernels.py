@@ -63,6 +63,9 @@ IMPLEMENTATIONS = {
     },
 }
 ATTENTION_IMPLS = ("xla", "xla_lse", "splash", "cudnn", "cpu_flash", "auto")  # dense attention (model.attention_impl)
+# The name (jax.ad_checkpoint.checkpoint_name) of kernel outputs that a remat policy should keep although their
+# primitive is not a kernel's (a custom_vjp's primal output reached the policy as recomputable).
+KERNEL_OUTPUT = "kernel_output"
 
 
 def impls(op):
@@ -337,7 +340,8 @@ def view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, *, impl="x
         dict(zip(("mean", "root", "alpha"), a[:3])), a[3], a[4], freqs, pixels_per_token),
                    mean, root, alpha, q_k, q_c2w)
 
-  return per_batch_shard(fn, batch_axes, gauss["mean"], gauss["root"], gauss["alpha"], q_intrinsics, q_c2w)
+  out = per_batch_shard(fn, batch_axes, gauss["mean"], gauss["root"], gauss["alpha"], q_intrinsics, q_c2w)
+  return jax.ad_checkpoint.checkpoint_name(out, KERNEL_OUTPUT)  # saved by model.remat="dots_and_kernels"
 
 
 def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl="xla", interpret=False,

@@ -200,6 +200,8 @@ def test_analytic_flops_match_xla_on_an_unrolled_forward():
   assert 0.85 < ours / xla < 1.05, (ours, xla)
   dense = model_flops(dataclasses.replace(cfg, remat="full"), params, 96, 96, frames=6)
   assert dense == 4 * ours  # forward, backward (2x), rematerialised forward
+  for keeps_matmuls in ("none", "dots_and_kernels"):  # no matmul or kernel computed twice
+    assert model_flops(dataclasses.replace(cfg, remat=keeps_matmuls), params, 96, 96, frames=6) == 3 * ours
 
 
 def test_analytic_flops_count_the_text_side_once_per_sequence():

@@ -204,3 +204,20 @@ def test_the_samplers_cache_views_match_the_reference():
                                  "camera": {"encoding": "worldrope", "channels": "hw"}})
     out[impl] = np.asarray(ENCODING.cache_views(cfg, cache, q_c2w, q_k)["wr_views"])
   np.testing.assert_allclose(out["cpu_flash"], out["xla"], atol=2e-5)
+
+
+def test_dots_and_kernels_remat_runs_each_kernel_once_with_the_same_gradients():
+  """``model.remat="dots_and_kernels"`` saves the kernels' outputs: a small WorldRoPE model's compiled step runs the
+  attention and factor kernels' forwards as often as without remat (``full`` runs them again in the backward), and
+  its loss and gradients are those without remat."""
+  from test_xla_kernels import assert_same_loss_and_grads, model_loss_and_grads  # pylint: disable=g-import-not-at-top
+  counts = {}
+  for remat in ("none", "dots_and_kernels", "full"):
+    text = model_loss_and_grads(("cpu_flash",), "worldrope", "hw", dim=64, num_layers=2, remat=remat, hlo=True)[0]
+    counts[remat] = [text.count(f'custom_call_target="{t}"') for t in ("jaxwm_cpu_attention_fwd",
+                                                                       "jaxwm_cpu_view_factors_fwd")]
+  assert counts["none"] == counts["dots_and_kernels"] == [1, 1], counts
+  assert counts["full"] == [2, 2], counts
+  want, = model_loss_and_grads(("cpu_flash",), "worldrope", "hw", dim=64, num_layers=2)
+  got, = model_loss_and_grads(("cpu_flash",), "worldrope", "hw", dim=64, num_layers=2, remat="dots_and_kernels")
+  assert_same_loss_and_grads(got, want)

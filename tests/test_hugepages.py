@@ -90,7 +90,8 @@ def _probe(tmp_path, env_extra, module):
   env.update(env_extra, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
   script = str(tmp_path / "probe_pkg" / "probe.py")
   cmd = [sys.executable, "-m", "probe_pkg.probe"] if module else [sys.executable, script]
-  out = subprocess.run([*cmd, "a", "--b=1"], env=env, capture_output=True, text=True, timeout=60, check=True)
+  out = subprocess.run([*cmd, "a", "--b=1"], env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert out.returncode == 0, f"the probe exited {out.returncode}: {out.stderr[-2000:]}"
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -212,7 +212,7 @@ def test_remat_policies_give_the_same_gradients(setup):
   seq = jnp.concatenate([clip[:, layout.clean_frames], noisy], 1)
   ts = jnp.concatenate([jnp.zeros((2, layout.num_clean)), t * flow.TIMESTEP_SCALE], 1)
   grads = []
-  for policy in ("none", "full", "dots_saveable"):
+  for policy in ("none", "full", "dots_saveable", "dots_and_kernels"):
     m = WanModel(ModelConfig(**{**CFG.__dict__, "remat": policy}))
     loss = lambda v, m=m: jnp.sum(m.apply(v, seq, ts, layout.frames(2))[0] ** 2)
     grads.append(jax.jit(jax.grad(loss))(variables))

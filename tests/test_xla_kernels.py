@@ -122,9 +122,10 @@ def test_per_view_attention_matches_the_reference():
     kernels.per_view_attention(q, k, v, factors, pairs, mask, scale=0.3, impl="splash")
 
 
-def model_loss_and_grads(impls, encoding, channels, dim=32, num_layers=1):
+def model_loss_and_grads(impls, encoding, channels, dim=32, num_layers=1, remat="none", hlo=False):
   """``[(loss, parameter gradients)]`` per ``model.attention_impl`` of ``impls``: a teacher-forcing step of a small
-  model (``encoding`` on ``channels``) under the chunk-causal frame mask, on the same parameters and clip."""
+  model (``encoding`` on ``channels``, ``model.remat=remat``) under the chunk-causal frame mask, on the same
+  parameters and clip (``hlo``: the compiled programs' HLO text instead)."""
   from jaxwm.models.conditioning import Cameras  # pylint: disable=g-import-not-at-top
   from jaxwm.models.config import CameraConfig, ModelConfig  # pylint: disable=g-import-not-at-top
   from jaxwm.models.init import init_params  # pylint: disable=g-import-not-at-top
@@ -133,7 +134,8 @@ def model_loss_and_grads(impls, encoding, channels, dim=32, num_layers=1):
   layout = teacher_forcing_layout(3, 1)
   s = layout.mask.shape[0]
   cfg = ModelConfig(dim=dim, num_heads=2, num_layers=num_layers, ffn_dim=32, in_channels=12, out_channels=12,
-                    patch_size=(1, 1, 1), freq_dim=16, camera=CameraConfig(encoding=encoding, channels=channels))
+                    patch_size=(1, 1, 1), freq_dim=16, camera=CameraConfig(encoding=encoding, channels=channels),
+                    remat=remat)
   shape = (2, s, 2, 3, 12)
   x = jax.random.normal(jax.random.key(0), shape)
   c2w = jnp.tile(jnp.eye(4), (2, s, 1, 1)).at[:, :, 0, 3].set(jnp.linspace(0, 1, s))
@@ -145,7 +147,10 @@ def model_loss_and_grads(impls, encoding, channels, dim=32, num_layers=1):
     model = WanModel(dataclasses.replace(cfg, attention_impl=impl))
     return jnp.mean(jnp.square(model.apply({"params": p}, x, jnp.full(shape[:2], 500.0), frames)[0] - x))
 
-  return [jax.jit(jax.value_and_grad(lambda p, impl=impl: loss(p, impl)))(params) for impl in impls]
+  steps = [jax.jit(jax.value_and_grad(lambda p, impl=impl: loss(p, impl))) for impl in impls]
+  if hlo:
+    return [step.lower(params).compile().as_text() for step in steps]
+  return [step(params) for step in steps]
 
 
 def assert_same_loss_and_grads(got, want):

@@ -4,7 +4,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "dots_and_kernels")
 # How the model is computed, not what it computes: a resume may change these fields (logged); any other model
 # field is refused (jaxwm.training.resume).
 RUNTIME = {"resume": "logged"}
@@ -172,7 +172,10 @@ class ModelConfig:
     cross_attn_norm: LayerNorm (with affine) before cross-attention.
     rope_theta: RoPE base.
     dtype: compute dtype name (``float32`` / ``bfloat16``); parameters stay float32.
-    remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`).
+    remat: rematerialisation policy of the scanned blocks (:data:`REMAT_POLICIES`): ``none`` keeps every residual,
+      ``full`` none (the 5B configs), ``dots_saveable`` / ``dots_with_no_batch_dims_saveable`` jax's policies,
+      ``dots_and_kernels`` the matmuls without batch dimensions and the custom kernels' outputs, recomputing the
+      elementwise rest (``jaxwm.models.transformer.dots_and_kernels_saveable``).
     scan_unroll: layers per iteration of the layer scan (``num_layers`` unrolls it fully).
     attention_impl: self-attention (``jaxwm.kernels.dot_product_attention``; WorldRoPE's
       ``jaxwm.kernels.per_view_attention``): ``xla`` (the reference) | ``xla_lse`` (its maths, a backward keeping
@@ -198,7 +201,7 @@ class ModelConfig:
   cross_attn_norm: bool = True
   rope_theta: float = 10000.0
   dtype: str = dataclasses.field(default="float32", metadata=RUNTIME)
-  remat: str = dataclasses.field(default="none", metadata=RUNTIME)
+  remat: str = dataclasses.field(default="dots_and_kernels", metadata=RUNTIME)
   scan_unroll: int = dataclasses.field(default=1, metadata=RUNTIME)
   attention_impl: str = dataclasses.field(default="auto", metadata=RUNTIME)
   camera: CameraConfig = CameraConfig()

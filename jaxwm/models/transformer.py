@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxwm import kernels
 from jaxwm.encodings.base import ChannelPlan, Encoded, model_poses
 from jaxwm.encodings.plucker import plucker_tokens
 from jaxwm.encodings.rope3d import rope3d_angles
@@ -27,10 +28,26 @@ from jaxwm.layers import LayerNorm, dense
 from jaxwm.ops import frame_sparse
 from jaxwm.ops.attention import FrameMask
 
+KERNEL_PRIMITIVES = ("ffi_call", "pallas_call")  # custom kernels: the C++ kernels of xla_kernels/, Pallas kernels
+_kernel_outputs = jax.checkpoint_policies.save_only_these_names(kernels.KERNEL_OUTPUT)
+
+
+def dots_and_kernels_saveable(prim, *avals, **params):
+  """Remat policy ``"dots_and_kernels"``: saves the matmuls without batch dimensions (as jax's
+  ``dots_with_no_batch_dims_saveable``) and the outputs of custom kernels (``KERNEL_PRIMITIVES``: ``cpu_flash``
+  attention, Pallas kernels; and values named ``jaxwm.kernels.KERNEL_OUTPUT``: WorldRoPE's view factors), so that
+  no kernel runs twice; the elementwise rest (norms, modulation, gates, activations, RoPE) is recomputed in the
+  backward from them. On CPU that is cheaper than stacking its residuals over the layer scan (BENCHMARKS.md,
+  "Recompute the elementwise work: `model.remat="dots_and_kernels"`")."""
+  return (prim.name in KERNEL_PRIMITIVES or _kernel_outputs(prim, *avals, **params)
+          or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params))
+
+
 _REMAT = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_and_kernels": dots_and_kernels_saveable,
 }
 
 

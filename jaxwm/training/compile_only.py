@@ -169,7 +169,8 @@ def model_flops(model_cfg, params, tokens, keys, context=0, backward=True, frame
   one per frame, or per token when ``frames`` is None), ``4 * tokens * keys_l * dim`` for the softmax attention of
   layer ``l`` (scores and values over the ``keys_l`` keys it computes: every key for dense attention, the gathered
   frames for frame-sparse attention and LOCI hybrid layers); ``keys`` is one number or one per
-  layer. A backward pass costs twice a forward, and a rematerialised forward is counted once more.
+  layer. A backward pass costs twice a forward, and a rematerialised forward is counted once more (every
+  ``model.remat`` but ``none`` and ``dots_and_kernels``, which keeps the matmuls and the kernels' outputs).
   XLA's cost analysis counts a scanned layer's body once, so this is the number the roofline uses.
   """
   matmul = on_context = on_frames = 0
@@ -189,7 +190,7 @@ def model_flops(model_cfg, params, tokens, keys, context=0, backward=True, frame
     fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
   if not backward:
     return fwd
-  return fwd * (3.0 + (1.0 if model_cfg.remat != "none" else 0.0))
+  return fwd * (3.0 + (0.0 if model_cfg.remat in ("none", "dots_and_kernels") else 1.0))
 
 
 def report(compiled, chip, label, flops=None):
