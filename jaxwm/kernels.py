@@ -34,7 +34,6 @@ import logging
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
 from jax.sharding import PartitionSpec as P
@@ -63,9 +62,6 @@ IMPLEMENTATIONS = {
     },
 }
 ATTENTION_IMPLS = ("xla", "xla_lse", "splash", "cudnn", "cpu_flash", "auto")  # dense attention (model.attention_impl)
-# The name (jax.ad_checkpoint.checkpoint_name) of kernel outputs that a remat policy should keep although their
-# primitive is not a kernel's (a custom_vjp's primal output reached the policy as recomputable).
-KERNEL_OUTPUT = "kernel_output"
 
 
 def impls(op):
@@ -332,7 +328,6 @@ def view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, *, impl="x
     return vf_ref.view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, per_view=per_view)
   if impl != "cpu_flash":
     raise ValueError(f"WorldRoPE's view factors impl must be one of ('xla', 'cpu_flash'); got impl={impl!r}")
-  freqs = np.asarray(freqs, np.float32)
   what = "model.attention_impl='cpu_flash' (WorldRoPE's factors: a CPU kernel; 'xla_lse' or 'xla' anywhere)"
 
   def fn(mean, root, alpha, q_k, q_c2w):
@@ -340,8 +335,7 @@ def view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token, *, impl="x
         dict(zip(("mean", "root", "alpha"), a[:3])), a[3], a[4], freqs, pixels_per_token),
                    mean, root, alpha, q_k, q_c2w)
 
-  out = per_batch_shard(fn, batch_axes, gauss["mean"], gauss["root"], gauss["alpha"], q_intrinsics, q_c2w)
-  return jax.ad_checkpoint.checkpoint_name(out, KERNEL_OUTPUT)  # saved by model.remat="dots_and_kernels"
+  return per_batch_shard(fn, batch_axes, gauss["mean"], gauss["root"], gauss["alpha"], q_intrinsics, q_c2w)
 
 
 def gathered_attention(q, k, v, frame_idx, *, tokens_per_frame, scale=None, impl="xla", interpret=False,

@@ -432,10 +432,17 @@ def test_reproduction_refuses_bad_inputs(args, expected, capsys, tmp_path):
 
 
 def _encodings_bench():
+  """The module, ``sys.path`` restored after its import: it puts ``benchmarks/`` there for its sibling imports, and
+  left there ``benchmarks/encodings.py`` shadows the standard library's ``encodings`` in this worker's
+  subprocesses (``tests/test_hugepages.py``'s probe failed to start when it ran after this on one worker)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("encodings_covis", ROOT / "benchmarks" / "encodings_covis.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  saved = list(sys.path)
+  try:
+    spec = importlib.util.spec_from_file_location("encodings_covis", ROOT / "benchmarks" / "encodings_covis.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+  finally:
+    sys.path[:] = saved
   return mod
 
 

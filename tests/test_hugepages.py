@@ -4,6 +4,7 @@ and without the restart does not."""
 
 import json
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -87,7 +88,9 @@ def _probe(tmp_path, env_extra, module):
   (tmp_path / "probe_pkg" / "__init__.py").write_text("")
   (tmp_path / "probe_pkg" / "probe.py").write_text(_PROBE)
   env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "JAXWM_HUGEPAGES")}
-  env.update(env_extra, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+  # the probe's package and the repository only: a worker's sys.path may hold benchmarks/, whose encodings.py would
+  # shadow the standard library's encodings and stop the interpreter from starting
+  env.update(env_extra, PYTHONPATH=os.pathsep.join([str(tmp_path), str(pathlib.Path(__file__).resolve().parents[1])]))
   script = str(tmp_path / "probe_pkg" / "probe.py")
   cmd = [sys.executable, "-m", "probe_pkg.probe"] if module else [sys.executable, script]
   out = subprocess.run([*cmd, "a", "--b=1"], env=env, capture_output=True, text=True, timeout=60, check=False)

@@ -35,7 +35,9 @@ static inline void sincos_poly(float x, float* sin_out, float* cos_out) {
   const float s = r + r * r2 * (-1.6666654611e-1f + r2 * (8.3321608736e-3f + r2 * -1.9515295891e-4f));
   const float c = 1.0f - 0.5f * r2 + r2 * r2 * (4.166664568298827e-2f + r2 * (-1.388731625493765e-3f +
                                                                                r2 * 2.443315711809948e-5f));
-  // the quadrant n mod 4 in 0..3: floor(n / 4) for integer n as a rounding without ties (floorf does not vectorise)
+  // the quadrant n mod 4 in 0..3: floor(n / 4) for integer n as a rounding without ties (floorf does not vectorise);
+  // exact for |n| < 2^23 (|x| < 1.3e7). Beyond, q may be 4 or -1 and the signs differ from jaxwm/ops/sincos.py's,
+  // where both pairs are meaningless anyway; the pair stays in [-1, 1].
   const float q = n - 4.0f * std::nearbyint(0.25f * n - 0.375f);
   const bool odd = (q == 1.0f) | (q == 3.0f);
   const float sn = odd ? c : s, cs = odd ? s : c;

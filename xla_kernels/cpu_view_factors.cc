@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 #include <vector>
 
 #include "cpu_math.h"
@@ -94,6 +95,7 @@ static constexpr int LANES = 16;  // the pair loops run over P rounded up to who
 struct Aligned {
   float* p;
   explicit Aligned(size_t n) : p(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * n))) {
+    if (p == nullptr) throw std::bad_alloc();
     std::fill(p, p + n, 0.0f);
   }
   ~Aligned() { std::free(p); }
@@ -113,6 +115,13 @@ struct Freqs {
   }
   const float* at(int i) const { return t.p + (size_t)i * Pa; }
 };
+
+static bool ranks_ok(const ffi::Buffer<ffi::F32>& mean, const ffi::Buffer<ffi::F32>& root,
+                     const ffi::Buffer<ffi::F32>& alpha, const ffi::Buffer<ffi::F32>& K,
+                     const ffi::Buffer<ffi::F32>& c2w, const ffi::Buffer<ffi::F32>& freqs) {
+  return mean.dimensions().size() == 4 && root.dimensions().size() == 5 && alpha.dimensions().size() == 3 &&
+         K.dimensions().size() == 4 && c2w.dimensions().size() == 4 && freqs.dimensions().size() == 2;
+}
 
 static Dims dims_of(const ffi::Buffer<ffi::F32>& root, const ffi::Buffer<ffi::F32>& c2w,
                     const ffi::Buffer<ffi::F32>& freqs) {
@@ -141,6 +150,7 @@ static ffi::Error check(const Dims& s, const ffi::Buffer<ffi::F32>& mean, const 
 static ffi::Error Forward(ffi::Buffer<ffi::F32> mean, ffi::Buffer<ffi::F32> root, ffi::Buffer<ffi::F32> alpha,
                           ffi::Buffer<ffi::F32> K, ffi::Buffer<ffi::F32> c2w, ffi::Buffer<ffi::F32> freqs,
                           ffi::ResultBuffer<ffi::F32> out, float inv_s, float eps, int64_t threads) {
+  if (!ranks_ok(mean, root, alpha, K, c2w, freqs)) return ffi::Error::InvalidArgument("cpu_view_factors: ranks");
   const Dims s = dims_of(root, c2w, freqs);
   if (ffi::Error e = check(s, mean, root, alpha, K, c2w, freqs); e.failure()) return e;
   const Freqs fr(freqs.typed_data(), s.P);
@@ -235,6 +245,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> mean, ffi::Buffer<ffi::F32> roo
                            ffi::ResultBuffer<ffi::F32> droot, ffi::ResultBuffer<ffi::F32> dalpha,
                            ffi::ResultBuffer<ffi::F32> dK, ffi::ResultBuffer<ffi::F32> dc2w, float inv_s, float eps,
                            int64_t threads) {
+  if (!ranks_ok(mean, root, alpha, K, c2w, freqs)) return ffi::Error::InvalidArgument("cpu_view_factors: ranks");
   const Dims s = dims_of(root, c2w, freqs);
   if (ffi::Error e = check(s, mean, root, alpha, K, c2w, freqs); e.failure()) return e;
   if (dout.element_count() != (size_t)s.B * s.F * s.Lk * s.P * 2)
@@ -281,12 +292,13 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> mean, ffi::Buffer<ffi::F32> roo
               const float dphase = we * (g1 * cs - g0 * sn);
               // d max(raw, 0) / d raw: 1 above 0, 1/2 at 0 (jnp.maximum's tie), 0 below
               const float dquad = -0.5f * we * t * (raw > 0.0f ? 1.0f : raw == 0.0f ? 0.5f : 0.0f);
-              dw += e * t;
-              dm0 += dphase * fu[p];
-              dm1 += dphase * fv[p];
-              duu += dquad * fuu[p];
-              dvv += dquad * fvv[p];
-              duv2 += dquad * fuv[p];
+              const bool lane = p < P;  // the padding adds nothing, even where inf * 0 made it NaN
+              dw += lane ? e * t : 0.0f;
+              dm0 += lane ? dphase * fu[p] : 0.0f;
+              dm1 += lane ? dphase * fv[p] : 0.0f;
+              duu += lane ? dquad * fuu[p] : 0.0f;
+              dvv += lane ? dquad * fvv[p] : 0.0f;
+              duv2 += lane ? dquad * fuv[p] : 0.0f;
             }
             dA[h] += dw;
             project_backward(cam, RT + 9 * h, inv_s, pr, dm0, dm1, duu, dvv, duv2, dX + 3 * h, dR + 9 * h, cg);

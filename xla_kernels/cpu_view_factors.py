@@ -50,16 +50,20 @@ def _call(target, out):
   return jax.ffi.ffi_call(target, out, vmap_method="sequential")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _factors(mean, root, alpha, q_k, q_c2w, freqs, pixels):
+def _forward(mean, root, alpha, q_k, q_c2w, freqs, pixels):
   b, lk = alpha.shape[:2]
   out = jax.ShapeDtypeStruct((b, q_c2w.shape[1], lk, len(freqs), 2), jnp.float32)
   return _call("jaxwm_cpu_view_factors_fwd", out)(mean, root, alpha, q_k, q_c2w, np.asarray(freqs, np.float32),
                                                   **_attrs(pixels))
 
 
-def _factors_fwd(mean, root, alpha, q_k, q_c2w, freqs, pixels):
-  return _factors(mean, root, alpha, q_k, q_c2w, freqs, pixels), (mean, root, alpha, q_k, q_c2w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _factors(mean, root, alpha, q_k, q_c2w, freqs, pixels):
+  return _forward(mean, root, alpha, q_k, q_c2w, freqs, pixels)
+
+
+def _factors_fwd(mean, root, alpha, q_k, q_c2w, freqs, pixels):  # the ffi_call itself, seen by remat policies
+  return _forward(mean, root, alpha, q_k, q_c2w, freqs, pixels), (mean, root, alpha, q_k, q_c2w)
 
 
 def _factors_bwd(freqs, pixels, res, g):
@@ -83,7 +87,11 @@ def view_factors(gauss, q_intrinsics, q_c2w, freqs, pixels_per_token):
       _fail(f"is float32 only; {name} is {a.dtype}")
   b, lk, m = alpha.shape if alpha.ndim == 3 else (None,) * 3
   f = q_c2w.shape[1] if q_c2w.ndim == 4 else None
-  freqs = tuple((float(u), float(v)) for u, v in np.asarray(freqs, np.float32).reshape(-1, 2))
+  if isinstance(freqs, jax.core.Tracer) or np.ndim(freqs) != 2 or np.shape(freqs)[-1] != 2:
+    _fail(f"freqs must be static [P, 2] frequencies (NumPy); got {type(freqs).__name__} of shape {np.shape(freqs)}")
+  if not np.isfinite(pixels_per_token) or pixels_per_token <= 0:
+    _fail(f"pixels_per_token={pixels_per_token!r}: must be a positive number")
+  freqs = tuple((float(u), float(v)) for u, v in np.asarray(freqs, np.float32))
   if (mean.shape, root.shape, q_intrinsics.shape, q_c2w.shape) != ((b, lk, m, 3), (b, lk, m, 3, 3), (b, f, 3, 3),
                                                                    (b, f, 4, 4)) or not freqs:
     _fail(f"shapes mean {mean.shape}, root {root.shape}, alpha {alpha.shape}, q_intrinsics {q_intrinsics.shape}, "

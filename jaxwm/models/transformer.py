@@ -14,7 +14,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxwm import kernels
 from jaxwm.encodings.base import ChannelPlan, Encoded, model_poses
 from jaxwm.encodings.plucker import plucker_tokens
 from jaxwm.encodings.rope3d import rope3d_angles
@@ -28,19 +27,21 @@ from jaxwm.layers import LayerNorm, dense
 from jaxwm.ops import frame_sparse
 from jaxwm.ops.attention import FrameMask
 
-KERNEL_PRIMITIVES = ("ffi_call", "pallas_call")  # custom kernels: the C++ kernels of xla_kernels/, Pallas kernels
-_kernel_outputs = jax.checkpoint_policies.save_only_these_names(kernels.KERNEL_OUTPUT)
+# Custom kernels' forward primitives: the C++ kernels of xla_kernels/ (an XLA FFI call), Pallas kernels, cuDNN's
+# attention. A kernel's custom_vjp must bind its primitive in its fwd rule (not call the custom_vjp function again:
+# a remat policy sees a nested custom_vjp_call as an ordinary, recomputable value).
+KERNEL_PRIMITIVES = ("ffi_call", "pallas_call", "dot_product_attention_fwd_wrapper")
 
 
 def dots_and_kernels_saveable(prim, *avals, **params):
   """Remat policy ``"dots_and_kernels"``: saves the matmuls without batch dimensions (as jax's
   ``dots_with_no_batch_dims_saveable``) and the outputs of custom kernels (``KERNEL_PRIMITIVES``: ``cpu_flash``
-  attention, Pallas kernels; and values named ``jaxwm.kernels.KERNEL_OUTPUT``: WorldRoPE's view factors), so that
-  no kernel runs twice; the elementwise rest (norms, modulation, gates, activations, RoPE) is recomputed in the
-  backward from them. On CPU that is cheaper than stacking its residuals over the layer scan (BENCHMARKS.md,
-  "Recompute the elementwise work: `model.remat="dots_and_kernels"`")."""
-  return (prim.name in KERNEL_PRIMITIVES or _kernel_outputs(prim, *avals, **params)
-          or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params))
+  attention, WorldRoPE's view factors, Pallas kernels, cuDNN), so that no kernel runs twice; the elementwise rest
+  (norms, modulation, gates, activations, RoPE) is recomputed in the backward from them, and so is attention written
+  in ``jnp`` (``xla``, ``xla_lse``: batched matmuls). On CPU that is cheaper than stacking its residuals over the
+  layer scan (BENCHMARKS.md, "Recompute the elementwise work: `model.remat="dots_and_kernels"`")."""
+  return prim.name in KERNEL_PRIMITIVES or jax.checkpoint_policies.dots_with_no_batch_dims_saveable(
+      prim, *avals, **params)
 
 
 _REMAT = {

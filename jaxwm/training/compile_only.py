@@ -169,8 +169,10 @@ def model_flops(model_cfg, params, tokens, keys, context=0, backward=True, frame
   one per frame, or per token when ``frames`` is None), ``4 * tokens * keys_l * dim`` for the softmax attention of
   layer ``l`` (scores and values over the ``keys_l`` keys it computes: every key for dense attention, the gathered
   frames for frame-sparse attention and LOCI hybrid layers); ``keys`` is one number or one per
-  layer. A backward pass costs twice a forward, and a rematerialised forward is counted once more (every
-  ``model.remat`` but ``none`` and ``dots_and_kernels``, which keeps the matmuls and the kernels' outputs).
+  layer. A backward pass costs twice a forward, and a rematerialised forward is counted once more: all of it for
+  ``full`` and jax's policies, its attention for ``dots_and_kernels`` where attention is written in ``jnp``
+  (``model.attention_impl`` ``xla`` / ``xla_lse``, frame-sparse ``model.attention.impl="xla"``: batched matmuls,
+  recomputed; a kernel's output, ``auto`` included, is kept), nothing for ``none``.
   XLA's cost analysis counts a scanned layer's body once, so this is the number the roofline uses.
   """
   matmul = on_context = on_frames = 0
@@ -184,13 +186,19 @@ def model_flops(model_cfg, params, tokens, keys, context=0, backward=True, frame
       else:
         matmul += int(np.prod(a.shape))
   keys = [keys] * model_cfg.num_layers if np.ndim(keys) == 0 else list(keys)
-  fwd = (2.0 * matmul * tokens + 2.0 * on_context * context + 2.0 * on_frames * (frames or 0)
-         + 4.0 * tokens * sum(keys) * model_cfg.dim)
+  attention = 4.0 * tokens * sum(keys) * model_cfg.dim
+  fwd = 2.0 * matmul * tokens + 2.0 * on_context * context + 2.0 * on_frames * (frames or 0) + attention
   if context and model_cfg.cross_attn:
     fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
   if not backward:
     return fwd
-  return fwd * (3.0 + (0.0 if model_cfg.remat in ("none", "dots_and_kernels") else 1.0))
+  if model_cfg.remat == "none":
+    return 3.0 * fwd
+  if model_cfg.remat == "dots_and_kernels":
+    in_jnp = (model_cfg.attention.impl == "xla" if model_cfg.attention.sparse
+              else model_cfg.attention_impl in ("xla", "xla_lse"))
+    return 3.0 * fwd + (attention if in_jnp else 0.0)
+  return 4.0 * fwd
 
 
 def report(compiled, chip, label, flops=None):
