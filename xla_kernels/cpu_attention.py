@@ -181,15 +181,9 @@ def unsupported(arrays, mask=None):
     problem = _mask_problem(_mask_shape(mask), q.shape[0], q.shape[1], k.shape[1])
     if problem:
       return problem
-  with _probe_lock:
-    if not _unavailable and not _loaded:
-      try:
-        library()
-      except Exception as e:  # pylint: disable=broad-except  (a missing compiler, ImportError, OSError, ...)
-        _unavailable.append(f"{type(e).__name__}: {e}")
-        logging.warning("model.attention_impl='auto' uses 'xla_lse' on CPU: the cpu_flash kernel is unavailable "
-                        "here (%s)", _unavailable[0])
-  return _unavailable[0] if _unavailable else None
+  return cpu_build.unavailable(library, _loaded, _unavailable, _probe_lock,
+                               "model.attention_impl='auto' uses 'xla_lse' on CPU: the cpu_flash kernel is unavailable "
+                               "here (%s)")
 
 
 def _check_float32(**arrays):

@@ -8,6 +8,7 @@ under a file lock, so that parallel test workers build it once.
 
 import ctypes
 import hashlib
+import logging
 import os
 import pathlib
 import platform
@@ -79,3 +80,17 @@ def register(lib, targets):
   """Registers ``{target name: symbol}`` of ``lib`` as XLA:CPU FFI targets."""
   for name, symbol in targets.items():
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+
+
+def unavailable(library, loaded, reasons, lock, warning):
+  """Why ``library()`` cannot be built or loaded here (no C++ compiler, a read-only cache, another OS), or None.
+  Tried once: ``loaded`` and ``reasons`` are the caller's lists (the loaded library, the reason found), ``lock``
+  its lock; the reason is logged once as a warning, ``warning % reason``."""
+  with lock:
+    if not reasons and not loaded:
+      try:
+        library()
+      except Exception as e:  # pylint: disable=broad-except  (a missing compiler, ImportError, OSError, ...)
+        reasons.append(f"{type(e).__name__}: {e}")
+        logging.warning(warning, reasons[0])
+  return reasons[0] if reasons else None

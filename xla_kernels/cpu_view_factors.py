@@ -10,7 +10,6 @@ backward returns every input's gradient, the query cameras' included. float32 on
 """
 
 import functools
-import logging
 import threading
 
 import jax
@@ -106,14 +105,8 @@ _probe_lock = threading.Lock()
 
 
 def unavailable():
-  """Why this kernel cannot be built or loaded here (no C++ compiler, another OS, ...), or None: found once, logged
-  as a warning; ``model.attention_impl="auto"`` then computes WorldRoPE's factors with the ``jnp`` reference."""
-  with _probe_lock:
-    if not _unavailable and not _loaded:
-      try:
-        library()
-      except Exception as e:  # pylint: disable=broad-except  (a missing compiler, ImportError, OSError, ...)
-        _unavailable.append(f"{type(e).__name__}: {e}")
-        logging.warning("model.attention_impl='auto': WorldRoPE's factors use the jnp reference on CPU: the C++ "
-                        "kernel is unavailable here (%s)", _unavailable[0])
-  return _unavailable[0] if _unavailable else None
+  """Why this kernel cannot be built or loaded here, or None (``cpu_build.unavailable``: found once, logged as a
+  warning); ``model.attention_impl="auto"`` then computes WorldRoPE's factors with the ``jnp`` reference."""
+  return cpu_build.unavailable(library, _loaded, _unavailable, _probe_lock,
+                               "model.attention_impl='auto': WorldRoPE's factors use the jnp reference on CPU: the C++ "
+                               "kernel is unavailable here (%s)")
