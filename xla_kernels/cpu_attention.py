@@ -10,7 +10,7 @@ q K^T`` to ``O = P v`` and saves the log-sum-exp per query; its backward recompu
 (batch, head, query frame)'s keys ``K`` are built in a per-thread buffer; dense attention rotates no pair.
 Products by the BLAS ``sgemm`` that scipy ships (OpenBLAS, set to one thread for the whole process); the kernel
 runs its units (forward: batch, head, query frame and block; backward: batch and head) on OpenMP threads
-(:func:`threads`).
+(``cpu_build.threads``).
 
 Built with ``g++`` at first use (``cpu_build``). float32 only; a mask is a
 token mask shared by the heads (broadcastable to ``[B, (1,) Lq, Lk]``; a frame mask is expanded); anything else is
@@ -20,7 +20,6 @@ refused with a ``ValueError`` naming the impl (:func:`unsupported` says why with
 import ctypes
 import functools
 import logging
-import os
 import pathlib
 import threading
 
@@ -29,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xla_kernels import cpu_build
+from xla_kernels.cpu_build import threads
 
 IMPL = "cpu_flash"
 BLOCK = 64  # queries per forward unit: 64 score rows of a few thousand keys stay in a 1-2 MB cache
@@ -73,16 +73,6 @@ def library():
                              "jaxwm_cpu_attention_bwd": "JaxwmCpuAttentionBackward"})
     _loaded.append(lib)
     return lib
-
-
-def threads():
-  """OpenMP threads per kernel call: the cores this process may use, shared by its local devices, which may run
-  their calls at the same time (8 devices faked on 2 cores: 1 thread each), or by the current mesh's devices
-  (``jax.set_mesh``) where it has fewer."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  mesh = jax.sharding.get_abstract_mesh()
-  devices = jax.local_device_count() if mesh.empty else min(mesh.size, jax.local_device_count())
-  return max(1, cores // devices)
 
 
 def _attrs(scale, mask):

@@ -1,4 +1,5 @@
-"""Builds and loads the C++ kernels for XLA:CPU (``cpu_*.cc`` beside this file, with the shared ``cpu_math.h``).
+"""Builds and loads the C++ kernels for XLA:CPU (``cpu_*.cc`` beside this file, with the shared ``cpu_math.h``), and
+says how many OpenMP threads a call gets (:func:`threads`).
 
 Each source is compiled with ``g++`` (or ``$CXX``) at first use into ``$JAXWM_KERNEL_CACHE`` (default
 ``~/.cache/jaxwm``; a read-only one falls back to the temporary directory), one file per source, header, jaxlib
@@ -94,3 +95,13 @@ def unavailable(library, loaded, reasons, lock, warning):
         reasons.append(f"{type(e).__name__}: {e}")
         logging.warning(warning, reasons[0])
   return reasons[0] if reasons else None
+
+
+def threads():
+  """OpenMP threads per kernel call: the cores this process may use, shared by its local devices, which may run
+  their calls at the same time (8 devices faked on 2 cores: 1 thread each), or by the current mesh's devices
+  (``jax.set_mesh``) where it has fewer."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  mesh = jax.sharding.get_abstract_mesh()
+  devices = jax.local_device_count() if mesh.empty else min(mesh.size, jax.local_device_count())
+  return max(1, cores // devices)

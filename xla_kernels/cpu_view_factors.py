@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xla_kernels import cpu_build
-from xla_kernels.cpu_attention import threads
+from xla_kernels.cpu_build import threads
 
 IMPL = "cpu_flash"
 SOURCE = cpu_build.HERE / "cpu_view_factors.cc"
