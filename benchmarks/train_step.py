@@ -67,10 +67,15 @@ def jaxwm_train_step(config, workdir="/tmp/jaxwm_bench"):
 
 def _xla_flops(config):
   """XLA's count of the real step's FLOPs. A C++ kernel (``cpu_flash``, and ``auto``, which picks it on CPU) is
-  opaque to XLA's cost analysis, so its step is counted with ``xla_lse`` in its place: the same arithmetic."""
+  opaque to XLA's cost analysis, so its step is counted with ``xla_lse`` in its place: the same arithmetic. Under
+  ``model.remat="dots_and_kernels"`` that ``jnp`` attention would be recomputed where the kernel's is kept, so it is
+  counted with ``remat="none"``, which computes what the kernel's step computes (less its recomputed elementwise
+  work)."""
   if config.model.attention_impl in ("cpu_flash", "auto"):
     config = config.copy_and_resolve_references()
     config.model.attention_impl = "xla_lse"
+    if config.model.remat == "dots_and_kernels":
+      config.model.remat = "none"
   tr, state, batch, key = jaxwm_train_step(config)
   cost = tr.train_step.lower(state, batch, key).compile().cost_analysis()
   return float((cost[0] if isinstance(cost, list) else cost)["flops"])
