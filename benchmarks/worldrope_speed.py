@@ -18,7 +18,8 @@ Parts (``--parts``):
   (``jax.checkpoint``ed: its forward again in the backward) against the kernel (``impl='cpu_flash'``), interleaved,
   outputs compared.
 - ``step``: the default model's real train step (``configs/tiny.py``, ``cpu_flash`` attention) with WorldRoPE's
-  factors by the reference against the kernel, interleaved in one process (best of ``min(--reps, 10)``).
+  factors by the reference against the kernel, alternated in one process (``timing.paired``: ``2 min(--reps, 10)``
+  rounds; best and median wall time, median CPU time).
 - ``keys``: one layer's ``transform_keys`` three ways (the vectorised reference, its ``per_view=True`` loop, the
   factors' C++ kernel), outputs compared.
 - ``viewer``: the viewer's generation path (``jaxwm.play.engine.Player`` with the randomly initialised default
@@ -178,7 +179,7 @@ def part_step(reps):
   import train_step as ts  # pylint: disable=g-import-not-at-top
   from jaxwm import kernels  # pylint: disable=g-import-not-at-top
   from jaxwm.training.sharding import resolve_batch_size  # pylint: disable=g-import-not-at-top
-  from timing import interleaved_best  # pylint: disable=g-import-not-at-top
+  from timing import paired  # pylint: disable=g-import-not-at-top
   resolve = kernels.resolve_view_factors_impl
   fns = {}
   for impl in ("xla", "cpu_flash"):
@@ -198,12 +199,14 @@ def part_step(reps):
     finally:
       kernels.resolve_view_factors_impl = resolve
     fns[impl] = run
-  t = interleaved_best(fns, reps)
+  t = paired(fns, 2 * reps)
   print("| the default model's train step (cpu_flash attention) | factors by the reference ms | by the kernel ms | "
         "speed-up |")
   print("| --- | --- | --- | --- |")
-  print(f"| configs/tiny.py, batch {jax.tree.leaves(batch)[0].shape[0]} | "
-        f"{1e3 * t['xla']:.1f} | {1e3 * t['cpu_flash']:.1f} | {t['xla'] / t['cpu_flash']:.2f}x |", flush=True)
+  label = f"configs/tiny.py, batch {jax.tree.leaves(batch)[0].shape[0]}"
+  for stat, what in (("min", "best wall"), ("median", "median wall"), ("cpu_median", "median CPU time")):
+    x, k = 1e3 * t["xla"][stat], 1e3 * t["cpu_flash"][stat]
+    print(f"| {label}: {what} | {x:.1f} | {k:.1f} | {x / k:.2f}x |", flush=True)
 
 
 def part_viewer(steps, policies, chunks):
