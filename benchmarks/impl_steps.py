@@ -6,7 +6,8 @@ its own process.
 
 Per config: the real train step (``train_step.jaxwm_train_step``) and the backbone step (``train_step.
 jaxwm_backbone_step``: rope3d, dense attention) for each ``model.attention_impl``, the impls interleaved in one
-process (best of ``--repeats``; huge pages on, as ``train.py`` runs). Then diffusers' backbone step alone in a
+process (best of ``--repeats``, or with ``--paired N`` the median of N rounds alternating their order,
+``timing.paired``; huge pages on, as ``train.py`` runs). Then diffusers' backbone step alone in a
 child process (huge pages off, torch's default): torch's step slows by up to 40% when it alternates with XLA's in
 one process (both thread pools compete for the cores), so ``train_step.py``'s same-process ratio leans towards
 jaxwm. An impl a config refuses (e.g. ``splash`` with WorldRoPE's per-view attention) gets its error instead.
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_step as ts  # noqa: E402  pylint: disable=g-import-not-at-top
 from jaxwm.training.sharding import resolve_batch_size  # noqa: E402
 from jaxwm.utils import hugepages  # noqa: E402
-from timing import interleaved_best  # noqa: E402  pylint: disable=g-import-not-at-top
+from timing import interleaved_best, paired  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def _config(name, impl=None, remat=None):
@@ -85,10 +86,14 @@ def main():
   p.add_argument("--remats", default="", help="comma-separated model.remat policies: one column per impl and policy "
                  "(default: the config's)")
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--paired", type=int, default=0, help="jaxwm's steps: the median of this many alternated rounds "
+                 "(timing.paired) instead of the best of --repeats")
   p.add_argument("--torch-only", default=None, help=argparse.SUPPRESS)
   a = p.parse_args()
   if a.repeats < 1:
     p.error(f"--repeats: {a.repeats} is not a positive integer")
+  if a.paired < 0:
+    p.error(f"--paired: {a.paired} is not a non-negative integer")
   if a.torch_only:
     step, _ = ts.torch_step(_config(a.torch_only), os.cpu_count())
     print(json.dumps({"s": interleaved_best({"torch": step}, a.repeats)["torch"]}))
@@ -106,7 +111,9 @@ def main():
   if any(r not in REMAT_POLICIES for r in remats):
     p.error(f"--remats: {remats} not all among {REMAT_POLICIES}")
   impls = [f"{i}/{r}" for i in impls for r in remats] if remats else impls
-  print(f"{os.cpu_count()} CPU cores; best of {a.repeats}; huge pages for jaxwm: "
+  how = f"jaxwm: median of {a.paired} alternated rounds, torch: best of {a.repeats}" if a.paired else \
+      f"best of {a.repeats}"
+  print(f"{os.cpu_count()} CPU cores; {how}; huge pages for jaxwm: "
         f"{'on' if hugepages.enabled() else 'off'}; ms\n")
   print("| config | " + " | ".join(f"real step {i}" for i in impls) + " | " +
         " | ".join(f"backbone {i}" for i in impls) + " | torch backbone, alone | " +
@@ -119,8 +126,12 @@ def main():
         real[impl] = _real(name, impl)
       except Exception as e:  # pylint: disable=broad-except  (a config's refusal, shown in its cell)
         errors[impl] = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
-    real_t = interleaved_best(real, a.repeats) if real else {}
-    back_t = interleaved_best({i: _backbone(name, i) for i in impls}, a.repeats)
+    if a.paired:
+      real_t = {k: v["median"] for k, v in paired(real, a.paired).items()} if real else {}
+      back_t = {k: v["median"] for k, v in paired({i: _backbone(name, i) for i in impls}, a.paired).items()}
+    else:
+      real_t = interleaved_best(real, a.repeats) if real else {}
+      back_t = interleaved_best({i: _backbone(name, i) for i in impls}, a.repeats)
     torch_t = torch_alone(name, a.repeats)
     cells = [errors.get(i) or f"{real_t[i] * 1e3:.1f}" for i in impls]
     cells += [f"{back_t[i] * 1e3:.1f}" for i in impls] + [f"{torch_t * 1e3:.1f}"]

@@ -27,10 +27,13 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_ffi.h"
 #include "cpu_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using jaxwm_ffi::f32_args;
+using jaxwm_ffi::f32_rets;
 
 typedef void (*sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
                         const int*, const float*, const int*, const float*, float*, const int*);
@@ -311,11 +314,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
 // Both handlers take q, k, v, fac, pairs and mask first and the same attributes last.
 template <typename B>
 static auto with_inputs(B binding) {
-  return std::move(binding)
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
+  return f32_args<4>(std::move(binding))  // q, k, v, fac
       .template Arg<ffi::Buffer<ffi::S32>>()
       .template Arg<ffi::Buffer<ffi::U8>>();
 }
@@ -330,18 +329,11 @@ static auto with_attrs(B binding) {
 }
 
 static auto forward_binding() {  // -> out, lse
-  return with_attrs(with_inputs(ffi::Ffi::Bind()).Ret<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
+  return with_attrs(f32_rets<2>(with_inputs(ffi::Ffi::Bind())));
 }
 
 static auto backward_binding() {  // o, lse, dout -> dq, dk, dv, dfac
-  return with_attrs(with_inputs(ffi::Ffi::Bind())
-                        .Arg<ffi::Buffer<ffi::F32>>()
-                        .Arg<ffi::Buffer<ffi::F32>>()
-                        .Arg<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>());
+  return with_attrs(f32_rets<4>(f32_args<3>(with_inputs(ffi::Ffi::Bind()))));
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuAttentionForward, Forward, forward_binding());

@@ -1,5 +1,6 @@
-"""Builds and loads the C++ kernels for XLA:CPU (``cpu_*.cc`` beside this file, with the shared ``cpu_math.h``), and
-says how many OpenMP threads a call gets (:func:`threads`).
+"""Builds and loads the C++ kernels for XLA:CPU (``cpu_*.cc`` beside this file, with the shared headers
+``cpu_ffi.h``, FFI binding helpers, and ``cpu_math.h``, ``exp`` and ``sincos``), and says how many OpenMP threads a
+call gets (:func:`threads`).
 
 Each source is compiled with ``g++`` (or ``$CXX``) at first use into ``$JAXWM_KERNEL_CACHE`` (default
 ``~/.cache/jaxwm``; a read-only one falls back to the temporary directory), one file per source, header, jaxlib
@@ -20,7 +21,7 @@ import tempfile
 import jax
 
 HERE = pathlib.Path(__file__).parent
-HEADERS = (HERE / "cpu_math.h",)
+HEADERS = (HERE / "cpu_ffi.h", HERE / "cpu_math.h")
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 
 

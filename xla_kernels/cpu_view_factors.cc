@@ -23,10 +23,13 @@
 #include <new>
 #include <vector>
 
+#include "cpu_ffi.h"
 #include "cpu_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using jaxwm_ffi::f32_args;
+using jaxwm_ffi::f32_rets;
 
 static constexpr int KEYS = 16;  // keys per unit
 static constexpr int CAM = 17;   // camera gradient terms: R (9), o (3), fx, fy, cx, cy, sk
@@ -329,31 +332,13 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> mean, ffi::Buffer<ffi::F32> roo
 }
 
 template <typename B>
-static auto with_inputs(B binding) {  // mean, root, alpha, intrinsics, c2w, freqs
-  return std::move(binding)
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::F32>>();
-}
-template <typename B>
 static auto with_attrs(B binding) {
   return std::move(binding).template Attr<float>("inv_s").template Attr<float>("eps").template Attr<int64_t>(
       "threads");
 }
-static auto forward_binding() {  // -> factors
-  return with_attrs(with_inputs(ffi::Ffi::Bind()).Ret<ffi::Buffer<ffi::F32>>());
-}
-static auto backward_binding() {  // d factors -> d mean, d root, d alpha, d intrinsics, d c2w
-  return with_attrs(with_inputs(ffi::Ffi::Bind())
-                        .Arg<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>()
-                        .Ret<ffi::Buffer<ffi::F32>>());
-}
+// mean, root, alpha, intrinsics, c2w, freqs -> factors
+static auto forward_binding() { return with_attrs(f32_rets<1>(f32_args<6>(ffi::Ffi::Bind()))); }
+// and d factors -> d mean, d root, d alpha, d intrinsics, d c2w
+static auto backward_binding() { return with_attrs(f32_rets<5>(f32_args<7>(ffi::Ffi::Bind()))); }
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuViewFactorsForward, Forward, forward_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxwmCpuViewFactorsBackward, Backward, backward_binding());

@@ -187,17 +187,16 @@ def model_flops(model_cfg, params, tokens, keys, context=0, backward=True, frame
         matmul += int(np.prod(a.shape))
   keys = [keys] * model_cfg.num_layers if np.ndim(keys) == 0 else list(keys)
   attention = 4.0 * tokens * sum(keys) * model_cfg.dim
-  fwd = 2.0 * matmul * tokens + 2.0 * on_context * context + 2.0 * on_frames * (frames or 0) + attention
-  if context and model_cfg.cross_attn:
-    fwd += 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers
+  cross = 4.0 * tokens * context * model_cfg.dim * model_cfg.num_layers if context and model_cfg.cross_attn else 0.0
+  fwd = 2.0 * matmul * tokens + 2.0 * on_context * context + 2.0 * on_frames * (frames or 0) + attention + cross
   if not backward:
     return fwd
   if model_cfg.remat == "none":
     return 3.0 * fwd
   if model_cfg.remat == "dots_and_kernels":
-    in_jnp = (model_cfg.attention.impl == "xla" if model_cfg.attention.sparse
-              else model_cfg.attention_impl in ("xla", "xla_lse"))
-    return 3.0 * fwd + (attention if in_jnp else 0.0)
+    dense_in_jnp = model_cfg.attention_impl in ("xla", "xla_lse")  # cross-attention, and dense self-attention
+    self_in_jnp = model_cfg.attention.impl == "xla" if model_cfg.attention.sparse else dense_in_jnp
+    return 3.0 * fwd + (attention if self_in_jnp else 0.0) + (cross if dense_in_jnp else 0.0)
   return 4.0 * fwd
 
 
