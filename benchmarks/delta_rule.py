@@ -1,6 +1,6 @@
-"""Delta-rule scans: the chunked XLA form (chunk 16, the CPU default, and 64) against the sequential recurrence
-and fla's PyTorch ``naive_chunk_kda``, and against its own matmul FLOP floor; FLOPs of LOCI's recurrent read
-against softmax attention over history.
+"""Delta-rule scans: the C++ kernel (``impl="cpu_flash"``, chunk 16) and the chunked XLA form (chunk 16, the CPU
+default, and 64) against the sequential recurrence and fla's PyTorch ``naive_chunk_kda``, and against the chunked
+form's matmul FLOP floor; FLOPs of LOCI's recurrent read against softmax attention over history.
 
   python benchmarks/delta_rule.py [--lengths 1024 8192] [--repeats 5]
 
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxwm import kernels
 from jaxwm.ops import delta_rule as dr
 from timing import interleaved_best, run_times  # benchmarks/timing.py
 
@@ -119,10 +120,13 @@ def main():
     timers = {"recurrent": _jax_timers(dr.delta_rule_recurrent, arrays)}
     for c in (16, 64):
       timers[c] = _jax_timers(functools.partial(dr.delta_rule_chunked, chunk_size=c), arrays)
+    timers["kernel"] = _jax_timers(functools.partial(kernels.delta_rule_chunked, chunk_size=16, impl="cpu_flash"),
+                                   arrays)
     floor = _chunked_flops(t, h, d, 16) / rate
     for i, name in enumerate(("forward", "fwd+bwd")):
       best = interleaved_best({k: v[i] for k, v in timers.items()}, a.repeats if i == 0 else max(2, a.repeats // 2))
-      rows.append([t, name, best["recurrent"], best[64], best[16], float("nan"), floor if i == 0 else float("nan")])
+      rows.append([t, name, best["recurrent"], best[64], best[16], best["kernel"], float("nan"),
+                   floor if i == 0 else float("nan")])
   mem = 7 * h * d * d  # XLA's cost analysis counts a scan body once, so the write is counted by hand
   n_tok, frames = 384, 34
   L = n_tok * 5  # one 5-frame chunk of queries
@@ -134,15 +138,16 @@ def main():
   if naive is not None and torch is not None:
     for row in rows:
       tor = _torch_timers(naive, _inputs(row[0], h, d))
-      row[5] = _best(tor[0 if row[1] == "forward" else 1], 1 if row[0] > 2048 else max(2, a.repeats // 2))
+      row[6] = _best(tor[0 if row[1] == "forward" else 1], 1 if row[0] > 2048 else max(2, a.repeats // 2))
   print(f"matmul rate {rate / 1e9:.0f} GFLOP/s (1024^3 float32)")
-  print("| T | pass | recurrent (s) | chunked 64 (s) | chunked 16 (s) | fla naive_chunk_kda torch (s) | "
-        "recurrent / chunked 16 | chunked 64 / chunked 16 | torch / chunked 16 | chunked 16 / its FLOP floor |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-  for t, name, tr, t64, t16, tt, fl in rows:
-    floor = f"{t16 / fl:.1f}x ({fl * 1e3:.1f} ms)" if fl == fl else "-"
-    print(f"| {t} | {name} | {tr:.3f} | {t64:.3f} | {t16:.3f} | {tt:.3f} | {tr / t16:.2f}x | {t64 / t16:.2f}x | "
-          f"{tt / t16:.2f}x | {floor} |")
+  print("| T | pass | recurrent (s) | chunked 64 (s) | chunked 16 (s) | cpu_flash 16 (s) | fla naive_chunk_kda torch (s) "
+        "| recurrent / cpu_flash | chunked 16 / cpu_flash | torch / cpu_flash | recurrent / chunked 16 | "
+        "cpu_flash / floor | chunked 16 / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- | --- |")
+  for t, name, tr, t64, t16, tk, tt, fl in rows:
+    floors = (f"{tk / fl:.1f}x | {t16 / fl:.1f}x ({fl * 1e3:.1f} ms)") if fl == fl else "- | -"
+    print(f"| {t} | {name} | {tr:.4f} | {t64:.4f} | {t16:.4f} | {tk:.4f} | {tt:.3f} | {tr / tk:.2f}x | {t16 / tk:.2f}x "
+          f"| {tt / tk:.2f}x | {tr / t16:.2f}x | {floors} |")
 
   print(f"\nper query token, {h} heads of {d} (XLA cost analysis):\n"
         f"| operation | FLOPs/token | softmax / this |\n| --- | --- | --- |\n"

@@ -5,11 +5,13 @@ Each function has its reference's signature plus ``impl`` and ``interpret``:
 
 - ``impl="xla"``: the reference (``interpret`` is ignored);
 - another name of the operator's row in :data:`IMPLEMENTATIONS` (``"pallas_tpu"`` / ``"pallas_gpu"``: the Mosaic /
-  Triton kernel; ``interpret=True`` runs it on CPU);
+  Triton kernel, ``interpret=True`` runs it on CPU; the delta rule's ``"cpu_flash"``: a C++ kernel for XLA:CPU,
+  ``xla_kernels.cpu_delta_rule``);
 - anything else: ``ValueError``. Nothing falls back silently.
 
 A new kernel of an operator is one file in ``pallas_kernels/`` (the reference's signature plus ``interpret``)
-and one line in its row of :data:`IMPLEMENTATIONS` (or :func:`register_implementation` at run time);
+(or ``xla_kernels/``: a C++ kernel for XLA:CPU) and one line in its row of :data:`IMPLEMENTATIONS` (or
+:func:`register_implementation` at run time);
 ``model.attention.impl`` / ``model.loci.impl`` then accept its name.
 
 Dense attention with a token mask (:func:`dot_product_attention`, ``model.attention_impl``) has its
@@ -46,10 +48,22 @@ from pallas_kernels import delta_rule as dr_kernels
 from pallas_kernels import frame_sparse_attention as fs_kernels
 from pallas_kernels import splash_attention as splash_kernel
 from xla_kernels import cpu_attention
+from xla_kernels import cpu_delta_rule
 from xla_kernels import cpu_view_factors
 from xla_kernels import softmax_attention as xla_attention
 
 REFERENCE = "xla"
+
+
+def _cpu_delta_rule(q, k, v, g, beta, *, initial_state=None, **kw):
+  """``xla_kernels.cpu_delta_rule.delta_rule`` (a C++ kernel for XLA:CPU); lowering it for another platform raises
+  ``ValueError``."""
+  what = "model.loci.impl='cpu_flash' (a CPU kernel; 'pallas_tpu' on TPU, 'pallas_gpu' on GPU, 'xla' anywhere)"
+  args = (q, k, v, g, beta) + (() if initial_state is None else (initial_state,))
+  return only_on("cpu", what, lambda *a: cpu_delta_rule.delta_rule(*a[:5], initial_state=(a[5:] or (None,))[0], **kw),
+                 *args)
+
+
 # operator -> {impl name: kernel}; the reference (REFERENCE) is the operator's jaxwm.ops function.
 IMPLEMENTATIONS = {
     "frame_sparse_attention": {  # gathered attention, ViewRope Eq. 12 (model.attention.impl)
@@ -59,6 +73,7 @@ IMPLEMENTATIONS = {
     "delta_rule": {  # the chunked gated delta rule, LOCI §3-4 (model.loci.impl)
         "pallas_tpu": dr_kernels.tpu_delta_rule,
         "pallas_gpu": dr_kernels.gpu_delta_rule,
+        "cpu_flash": _cpu_delta_rule,
     },
 }
 ATTENTION_IMPLS = ("xla", "xla_lse", "splash", "cudnn", "cpu_flash", "auto")  # dense attention (model.attention_impl)

@@ -1,7 +1,7 @@
 """Delta rule (docs/design.md §7): parity of outputs, final states and every gradient with fla's PyTorch
-``naive.py`` references (loaded by file path: no triton needed), chunked == recurrent, safety
-under strong decay, LOCI's chunk-before-write against a hand-written loop, LOCI's write alone against the
-recurrence with zero queries and decays."""
+``naive.py`` references (loaded by file path: no triton needed), for the references and the C++ kernel
+(``impl="cpu_flash"``); chunked == recurrent, safety under strong decay, LOCI's chunk-before-write against a
+hand-written loop, LOCI's write alone against the recurrence with zero queries and decays."""
 
 import importlib.util
 import pathlib
@@ -84,7 +84,8 @@ def _jax_run(fn, arrays, use_s0):
 
 IMPLS = {"recurrent": dr.delta_rule_recurrent,
          "chunked16": lambda *a, **kw: dr.delta_rule_chunked(*a, chunk_size=16, **kw),
-         "chunked64": lambda *a, **kw: dr.delta_rule_chunked(*a, chunk_size=64, **kw)}
+         "chunked64": lambda *a, **kw: dr.delta_rule_chunked(*a, chunk_size=64, **kw),
+         "cpu_flash16": lambda *a, **kw: kernels.delta_rule_chunked(*a, chunk_size=16, impl="cpu_flash", **kw)}
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))

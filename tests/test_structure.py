@@ -297,7 +297,7 @@ def test_a_new_kernel_is_one_function_and_one_table_line(monkeypatch):
   from jaxwm.ops import delta_rule as dr  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(kernels.IMPLEMENTATIONS, "delta_rule", dict(kernels.IMPLEMENTATIONS["delta_rule"]))
   kernels.register_implementation("delta_rule", "recurrent_jnp", _recurrent_kernel)
-  assert kernels.impls("delta_rule") == ("xla", "pallas_tpu", "pallas_gpu", "recurrent_jnp")
+  assert kernels.impls("delta_rule") == ("xla", "pallas_tpu", "pallas_gpu", "cpu_flash", "recurrent_jnp")
   ks = jax.random.split(jax.random.key(0), 6)
   b, t, h, d = 1, 11, 2, 4
   q, k, v = (jax.random.normal(x, (b, t, h, d)) for x in ks[:3])
@@ -312,7 +312,7 @@ def test_a_new_kernel_is_one_function_and_one_table_line(monkeypatch):
   np.testing.assert_allclose(s, s_ref, atol=1e-5, rtol=1e-5)
   assert LociConfig(impl="recurrent_jnp").impl == "recurrent_jnp"
   with pytest.raises(ValueError, match=r"delta-rule impl must be one of \('xla', 'pallas_tpu', 'pallas_gpu', "
-                     r"'recurrent_jnp'\); got impl='nope'"):
+                     r"'cpu_flash', 'recurrent_jnp'\); got impl='nope'"):
     kernels.delta_rule_chunked(q, k, v, g, beta, impl="nope")
   with pytest.raises(ValueError, match="already has an implementation 'pallas_tpu'"):
     kernels.register_implementation("delta_rule", "pallas_tpu", _recurrent_kernel)

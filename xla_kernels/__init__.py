@@ -10,6 +10,8 @@ a silent fallback). Kernels import only public helpers of ``jaxwm``, never the r
   backward, built with g++ at first use (``model.attention_impl='cpu_flash'``; ``'auto'`` on CPU).
 - ``cpu_view_factors.py`` + ``cpu_view_factors.cc``: WorldRoPE's expected rotary factors (``jaxwm.ops.view_factors``)
   as one C++ kernel, forward and backward (every input's gradient), with ``cpu_flash`` and ``auto`` on CPU.
+- ``cpu_delta_rule.py`` + ``cpu_delta_rule.cc``: the chunked gated delta rule (``jaxwm.ops.delta_rule``) as one C++
+  kernel, forward and backward (``model.loci.impl='cpu_flash'``).
 - ``cpu_build.py`` builds and loads the C++ kernels; ``cpu_math.h`` holds the ``exp`` and ``sincos`` they share,
   ``cpu_ffi.h`` their FFI binding helpers.
 """

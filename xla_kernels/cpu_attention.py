@@ -19,7 +19,6 @@ refused with a ``ValueError`` naming the impl (:func:`unsupported` says why with
 
 import ctypes
 import functools
-import logging
 import pathlib
 import threading
 
@@ -41,34 +40,13 @@ def _fail(message):
   raise ValueError(f"model.attention_impl={IMPL!r}: {message}")
 
 
-def _one_blas_thread(blas):
-  """Sets scipy's OpenBLAS to one thread (the kernel's units already run on every core; OpenBLAS threads inside
-  them oversubscribe the cores, 2-3x slower on 2 cores). Process-wide: scipy's other BLAS calls run on one thread."""
-  libs = sorted(pathlib.Path(blas.__file__).parents[2].glob("scipy.libs/*openblas*.so*"))
-  for path in libs:
-    lib = ctypes.CDLL(str(path))
-    for symbol in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
-      if hasattr(lib, symbol):
-        getattr(lib, symbol)(1)
-        return
-  logging.warning("model.attention_impl=%r: could not set scipy's BLAS to one thread (no OpenBLAS found in %s); "
-                  "the kernel may oversubscribe the cores", IMPL, [str(p) for p in libs])
-
-
 def library():
   """The loaded kernel library (built on first use), its FFI targets registered and its ``sgemm`` set."""
   with _lock:
     if _loaded:
       return _loaded[0]
-    import scipy.linalg.cython_blas as blas  # pylint: disable=g-import-not-at-top
     lib = cpu_build.shared_library(SOURCE, _fail)
-    capsule = blas.__pyx_capi__["sgemm"]
-    name = ctypes.pythonapi.PyCapsule_GetName
-    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    lib.jaxwm_cpu_attention_set_sgemm(ctypes.c_void_p(pointer(capsule, name(capsule))))
-    _one_blas_thread(blas)
+    lib.jaxwm_cpu_attention_set_sgemm(ctypes.c_void_p(cpu_build.scipy_sgemm(IMPL)))
     cpu_build.register(lib, {"jaxwm_cpu_attention_fwd": "JaxwmCpuAttentionForward",
                              "jaxwm_cpu_attention_bwd": "JaxwmCpuAttentionBackward"})
     _loaded.append(lib)

@@ -1,6 +1,6 @@
 """Builds and loads the C++ kernels for XLA:CPU (``cpu_*.cc`` beside this file, with the shared headers
 ``cpu_ffi.h``, FFI binding helpers, and ``cpu_math.h``, ``exp`` and ``sincos``), and says how many OpenMP threads a
-call gets (:func:`threads`).
+call gets (:func:`threads`); :func:`scipy_sgemm` hands the kernels that multiply matrices scipy's BLAS ``sgemm``.
 
 Each source is compiled with ``g++`` (or ``$CXX``) at first use into ``$JAXWM_KERNEL_CACHE`` (default
 ``~/.cache/jaxwm``; a read-only one falls back to the temporary directory), one file per source, header, jaxlib
@@ -96,6 +96,33 @@ def unavailable(library, loaded, reasons, lock, warning):
         reasons.append(f"{type(e).__name__}: {e}")
         logging.warning(warning, reasons[0])
   return reasons[0] if reasons else None
+
+
+def _one_blas_thread(blas, impl):
+  """Sets scipy's OpenBLAS to one thread (the kernels' units already run on every core; OpenBLAS threads inside
+  them oversubscribe the cores, 2-3x slower on 2 cores). Process-wide: scipy's other BLAS calls run on one thread."""
+  libs = sorted(pathlib.Path(blas.__file__).parents[2].glob("scipy.libs/*openblas*.so*"))
+  for path in libs:
+    lib = ctypes.CDLL(str(path))
+    for symbol in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+      if hasattr(lib, symbol):
+        getattr(lib, symbol)(1)
+        return
+  logging.warning("%r: could not set scipy's BLAS to one thread (no OpenBLAS found in %s); the kernel may "
+                  "oversubscribe the cores", impl, [str(p) for p in libs])
+
+
+def scipy_sgemm(impl):
+  """The address of the BLAS ``sgemm`` that scipy ships (Fortran interface), its BLAS set to one thread; ``impl``
+  names the kernel in the warning when that fails. The kernels take it through their ``*_set_sgemm`` function."""
+  import scipy.linalg.cython_blas as blas  # pylint: disable=g-import-not-at-top
+  capsule = blas.__pyx_capi__["sgemm"]
+  name = ctypes.pythonapi.PyCapsule_GetName
+  name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+  pointer = ctypes.pythonapi.PyCapsule_GetPointer
+  pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+  _one_blas_thread(blas, impl)
+  return pointer(capsule, name(capsule))
 
 
 def threads():

@@ -128,7 +128,8 @@ class LociConfig:
     translation_divisor: camera translations are divided by this (LOCI: 6 m) for the memory's PRoPE.
     chunk_size: scan chunk of the memory's write (``jaxwm.kernels.delta_rule_write``): 16 is the XLA form's
       fastest on CPU (``benchmarks/delta_rule.py``), 64 suits the Pallas kernels (``configs/loci_5b.py``).
-    impl: ``xla`` | ``pallas_tpu`` | ``pallas_gpu`` for the delta-rule scan.
+    impl: ``xla`` | ``pallas_tpu`` | ``pallas_gpu`` | ``cpu_flash`` (the C++ kernel for XLA:CPU) for the delta-rule
+      scan.
   """
   enabled: bool = False
   blocks: tuple = LOCI_BLOCKS_30
