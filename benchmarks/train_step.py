@@ -260,6 +260,7 @@ def main():
   p.add_argument("--configs", default="tiny,small")
   p.add_argument("--torch-threads", type=int, default=os.cpu_count())
   p.add_argument("--torch-only", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--backbone-only", default=None, help=argparse.SUPPRESS)
   p.add_argument("--attention-impls", default="",
                  help="comma-separated model.attention_impl values, one row each (default: the config's)")
   p.add_argument("--remat", default="",
@@ -274,6 +275,12 @@ def main():
     print(json.dumps({"s": dt, "tokens": tokens}))
     return
   hugepages.reexec()
+  if args.backbone_only:  # a child process of benchmarks/versus_torch.py: jaxwm's backbone step alone
+    config = CONFIGS[args.backbone_only]()
+    resolve_batch_size(config, 1)
+    dt, tokens = bench_jaxwm_backbone(config, args.steps)
+    print(json.dumps({"s": dt, "tokens": tokens}))
+    return
   names = args.configs.split(",")
   for name in names:
     if name not in CONFIGS:

@@ -433,8 +433,9 @@ def test_reproduction_refuses_bad_inputs(args, expected, capsys, tmp_path):
 
 def _encodings_bench():
   """The module, ``sys.path`` restored after its import: it puts ``benchmarks/`` there for its sibling imports, and
-  left there ``benchmarks/encodings.py`` shadows the standard library's ``encodings`` in this worker's
-  subprocesses (``tests/test_hugepages.py``'s probe failed to start when it ran after this on one worker)."""
+  left there a benchmark named as a standard library module shadows it in this worker's subprocesses
+  (``benchmarks/encodings.py``, now ``encoding_speed.py``, stopped ``tests/test_hugepages.py``'s probe from
+  starting when it ran after this on one worker)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   saved = list(sys.path)
   try:

@@ -22,7 +22,8 @@ def _load(name):
 @pytest.fixture(scope="module")
 def gpu_5b():
   """The module, with ``benchmarks/`` on ``sys.path`` for its sibling imports while this file's tests run only:
-  left there, ``benchmarks/encodings.py`` would shadow the standard library's ``encodings`` in subprocesses."""
+  left there, a benchmark named as a standard library module would shadow it in subprocesses (as
+  ``benchmarks/encodings.py`` did until it became ``encoding_speed.py``)."""
   saved = list(sys.path)
   sys.path.insert(0, str(BENCH))
   try:

@@ -88,8 +88,8 @@ def _probe(tmp_path, env_extra, module):
   (tmp_path / "probe_pkg" / "__init__.py").write_text("")
   (tmp_path / "probe_pkg" / "probe.py").write_text(_PROBE)
   env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "JAXWM_HUGEPAGES")}
-  # the probe's package and the repository only: a worker's sys.path may hold benchmarks/, whose encodings.py would
-  # shadow the standard library's encodings and stop the interpreter from starting
+  # the probe's package and the repository only: a worker's sys.path may hold benchmarks/, where a module named as
+  # one of the standard library's would shadow it (benchmarks/encodings.py did, and the interpreter could not start)
   env.update(env_extra, PYTHONPATH=os.pathsep.join([str(tmp_path), str(pathlib.Path(__file__).resolve().parents[1])]))
   script = str(tmp_path / "probe_pkg" / "probe.py")
   cmd = [sys.executable, "-m", "probe_pkg.probe"] if module else [sys.executable, script]

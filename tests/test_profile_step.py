@@ -15,7 +15,7 @@ BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.fixture(scope="module")
 def profile_step():
   """The module, with ``benchmarks/`` on ``sys.path`` for its sibling imports while this file's tests run only
-  (left there, ``benchmarks/encodings.py`` would shadow the standard library's ``encodings``)."""
+  (left there, a benchmark named as a standard library module would shadow it)."""
   saved = list(sys.path)
   sys.path.insert(0, str(BENCH))
   try:

@@ -388,3 +388,14 @@ def test_a_new_task_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
   with pytest.raises(runner.NonFiniteLossError, match=r"non-finite count state at step 4 \(check inf\)"):
     tasks.run(c, tmp_path / "w2", progress=False, hooks=())
   assert made[0].saved == [2]
+
+
+def test_no_script_directory_shadows_the_standard_library():
+  """``benchmarks/`` and the repository root are put on ``sys.path`` by scripts and tests; a module there named as a
+  standard library module (``benchmarks/encodings.py`` was) shadows it in every subprocess that inherits the path,
+  and Python may not even start. (``configs/`` is a package, imported as ``configs.<name>``.)"""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(__file__).resolve().parents[1]
+  names = {p.relative_to(root).as_posix(): p.stem for d in (root, root / "benchmarks") for p in d.glob("*.py")}
+  assert names and not [path for path, stem in names.items() if stem in sys.stdlib_module_names]

@@ -16,8 +16,9 @@
 // (P > 0) dk += dK[f] on the other channels and the conjugate rotation of dK[f] on the pairs, and the factor's
 // gradient per head, d re = dK_0 k_0 + dK_1 k_1, d im = dK_1 k_0 - dK_0 k_1, summed over heads after the loop.
 // Products by a BLAS sgemm (column-major: a row-major [m, n] with row stride ld is its transpose), set by
-// jaxwm_cpu_attention_set_sgemm; units on `threads` OpenMP threads. exp is written out so that it vectorises without
-// fast-math, and NaN propagates.
+// jaxwm_cpu_attention_set_sgemm; units on `threads` OpenMP threads, handed out dynamically (XLA may run another op on
+// a core meanwhile: a static split waits for the thread that shares it). exp is written out so that it vectorises
+// without fast-math, and NaN propagates.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -188,7 +189,7 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
     const float one = 1.0f, zero = 0.0f;
     const int hd = s.HD(), hv = s.HV(), ldk = s.P ? s.D : hd;
     long built = -1;  // the (b, h, f) whose keys are in `keys`
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, blocks)  // one (b, h, f) per chunk: its keys built once
     for (int u = 0; u < units; ++u) {
       const int b = u / (s.H * s.F * blocks), h = (u / (s.F * blocks)) % s.H, f = (u / blocks) % s.F;
       const int j0 = (u % blocks) * block, i0 = f * s.N + j0, m = std::min(block, s.N - j0);
@@ -239,7 +240,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
     std::vector<float> keys(s.P ? (size_t)s.Lk * s.D : 0), dkeys(keys.size());
     const float one = 1.0f, zero = 0.0f;
     const int hd = s.HD(), hv = s.HV(), ldk = s.P ? s.D : hd;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int u = 0; u < units; ++u) {
       const int b = u / s.H, h = u % s.H;
       const Rows r = rows_of(s, q.typed_data(), k.typed_data(), v.typed_data(), fac.typed_data(), b, h);

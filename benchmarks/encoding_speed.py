@@ -1,6 +1,6 @@
 """Cost of each camera encoding per attention call, relative to ``rope3d``.
 
-  python benchmarks/encodings.py
+  python benchmarks/encoding_speed.py
 
 For the tiny head shape (4 heads of 32) and the Wan2.2-5B one (24 heads of 128), one
 self-attention call over ``frames x tokens`` tokens with per-token cameras: FLOPs from XLA's
