@@ -9,7 +9,7 @@ Per shape ``B x T x H x D`` (float32, no mask): the largest relative error of th
 ``q, k, v`` against ``xla_lse`` (``jaxwm.kernels.dot_product_attention``), then the best of ``--repeats``
 interleaved times of the forward and of forward + backward (``jax.value_and_grad`` of a weighted sum) for the
 kernel, ``xla_lse`` and torch's ``scaled_dot_product_attention`` (2 threads). ``--block``: the kernel's queries per
-forward unit (``xla_kernels.cpu_attention.BLOCK``).
+unit (``xla_kernels.cpu_attention.BLOCK``; by default its own choice, ``block_rows``).
 
 ``--views F --pairs P``: WorldRoPE's per-view form (``jaxwm.kernels.per_view_attention``: ``T / F`` queries per
 view, ``P`` channel pairs rotated per view by random factors), gradients of ``q, k, v`` and the factors. Torch's
@@ -58,7 +58,7 @@ def measure(shape, block, repeats, views=0, n_pairs=0):
   q, k, v, w = (jax.random.normal(jax.random.key(i), shape) for i in range(4))
   pairs = tuple(range(d // 2 - n_pairs, d // 2))  # the last pairs (WorldRoPE's h/w channels)
   fac = jax.random.normal(jax.random.key(5), (b, views, t, n_pairs, 2)) if views else None
-  cpu_attention.BLOCK = block
+  cpu_attention.BLOCK = block or None
 
   def run(impl):
     if views:
@@ -101,7 +101,8 @@ def measure(shape, block, repeats, views=0, n_pairs=0):
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--shapes", default="4x960x4x48,4x240x8x48", help="B x T x H x D, comma-separated")
-  p.add_argument("--block", type=int, default=64, help="queries per unit of the forward")
+  p.add_argument("--block", type=int, default=0,
+                 help="queries per unit (0: the kernel's own choice, cpu_attention.block_rows)")
   p.add_argument("--repeats", type=int, default=8)
   p.add_argument("--views", type=int, default=0, help="WorldRoPE's per-view form with this many query views")
   p.add_argument("--pairs", type=int, default=16, help="channel pairs rotated per view (with --views)")
@@ -110,15 +111,16 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
   except ValueError:
     p.error(f"--shapes: {a.shapes!r} is not like 4x960x4x48,4x240x8x48")
-  if any(len(s) != 4 or min(s) < 1 for s in shapes) or a.block < 1 or a.repeats < 1:
+  if any(len(s) != 4 or min(s) < 1 for s in shapes) or a.block < 0 or a.repeats < 1:
     p.error(f"--shapes {a.shapes!r} (four positive sizes each), --block {a.block}, --repeats {a.repeats}: "
-            "must be positive")
+            "must be positive (--block 0: the kernel's choice)")
   if a.views < 0 or (a.views and any(s[1] % a.views or not 0 < a.pairs <= s[3] // 2 for s in shapes)):
     p.error(f"--views {a.views} must divide every T and --pairs {a.pairs} lie in 1..D/2 ({a.shapes!r})")
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(os.cpu_count())
   form = f"per-view: {a.views} views, {a.pairs} pairs rotated" if a.views else "dense"
-  print(f"{os.cpu_count()} CPU cores; best of {a.repeats} interleaved, ms; query block {a.block}; {form}\n")
+  block = a.block or "block_rows(T)"
+  print(f"{os.cpu_count()} CPU cores; best of {a.repeats} interleaved, ms; query block {block}; {form}\n")
   print("| B x T x H x D | rel. error out / grads | kernel fwd | xla_lse fwd | torch fwd | kernel fwd+bwd | "
         "xla_lse fwd+bwd | torch fwd+bwd | xla_lse / kernel (fwd+bwd) | torch / kernel (fwd+bwd) |")
   print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

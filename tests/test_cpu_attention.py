@@ -23,6 +23,13 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="cpu_flash b
 B, LQ, LK, H, D = 2, 77, 131, 3, 20  # 77 queries: one full block of 64 and a partial one
 
 
+@pytest.fixture(autouse=True)
+def _blocks_of_64(monkeypatch):
+  """Units of 64 query rows (the kernel would take all 77 in one at these few keys): the tests cross blocks."""
+  from xla_kernels import cpu_attention  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cpu_attention, "BLOCK", 64)
+
+
 def _inputs(lq=LQ, lk=LK, seed=0, b=B):
   ks = jax.random.split(jax.random.key(seed), 4)
   q = jax.random.normal(ks[0], (b, lq, H, D))
@@ -321,3 +328,23 @@ def test_small_viewrope_model_loss_and_gradients_match():
   from test_xla_kernels import assert_same_loss_and_grads, model_loss_and_grads  # pylint: disable=g-import-not-at-top
   want, got = model_loss_and_grads(("xla", "cpu_flash"), "viewrope", "t_low", dim=96, num_layers=2)
   assert_same_loss_and_grads(got, want)
+
+
+def test_block_rows_sized_by_the_keys_give_the_same_attention(monkeypatch):
+  """``block_rows``: powers of two in [64, 256] whose scores fit 1 MiB (256 rows at 960 keys, 64 from 4,096 on);
+  the kernel's result does not depend on the block (600 queries: blocks of 256, 256 and a partial 88)."""
+  from xla_kernels import cpu_attention  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cpu_attention, "BLOCK", None)
+  assert [cpu_attention.block_rows(n) for n in (1, 131, 960, 1024, 1100, 2048, 4096, 10**6)] == \
+      [256, 256, 256, 256, 128, 128, 64, 64]
+  q, k, v, g = _inputs(lq=600, lk=131, seed=4)
+
+  def grads(block):
+    monkeypatch.setattr(cpu_attention, "BLOCK", block)
+    f = lambda q, k, v: jnp.sum(kernels.dot_product_attention(q, k, v, impl="cpu_flash") * g)  # noqa: E731
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
+
+  (l_auto, g_auto), (l_64, g_64) = grads(None), grads(64)
+  np.testing.assert_allclose(l_auto, l_64, rtol=1e-5)
+  for a, b in zip(g_auto, g_64):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
