@@ -140,10 +140,10 @@ def main():
       tor = _torch_timers(naive, _inputs(row[0], h, d))
       row[6] = _best(tor[0 if row[1] == "forward" else 1], 1 if row[0] > 2048 else max(2, a.repeats // 2))
   print(f"matmul rate {rate / 1e9:.0f} GFLOP/s (1024^3 float32)")
-  print("| T | pass | recurrent (s) | chunked 64 (s) | chunked 16 (s) | cpu_flash 16 (s) | fla naive_chunk_kda torch (s) "
-        "| recurrent / cpu_flash | chunked 16 / cpu_flash | torch / cpu_flash | recurrent / chunked 16 | "
-        "cpu_flash / floor | chunked 16 / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- | --- |")
+  print("| T | pass | recurrent (s) | chunked 64 (s) | chunked 16 (s) | cpu_flash 16 (s) | "
+        "fla naive_chunk_kda torch (s) | recurrent / cpu_flash | chunked 16 / cpu_flash | torch / cpu_flash | "
+        "recurrent / chunked 16 | cpu_flash / floor | chunked 16 / floor |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for t, name, tr, t64, t16, tk, tt, fl in rows:
     floors = (f"{tk / fl:.1f}x | {t16 / fl:.1f}x ({fl * 1e3:.1f} ms)") if fl == fl else "- | -"
     print(f"| {t} | {name} | {tr:.4f} | {t64:.4f} | {t16:.4f} | {tk:.4f} | {tt:.3f} | {tr / tk:.2f}x | {t16 / tk:.2f}x "

@@ -12,7 +12,8 @@
 // chunk_math.chunk_backward's derivation, then turns the gradient w.r.t. G into one w.r.t. g (a reverse cumulative
 // sum within the chunk) and scales dq. The pairwise terms and the substitutions are vectorised loops over channels;
 // the products by a BLAS sgemm (column-major; set by jaxwm_cpu_delta_rule_set_sgemm). Units (batch, head) on
-// `threads` OpenMP threads. Exponentials of positive numbers are never taken: a positive exponent is clamped to 0.
+// `threads` OpenMP threads, handed out dynamically (as cpu_attention.cc's). Exponentials of positive numbers are never
+// taken: a positive exponent is clamped to 0.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -180,7 +181,7 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
   {
     Chunk c(s.C, s.K, s.V);
     std::vector<float> local(save_states ? 0 : s.KV());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int u = 0; u < units; ++u) {
       const int b = u / s.H, h = u % s.H;
       float* fin = Sf + (size_t)u * s.KV();
@@ -216,7 +217,8 @@ static void solve_upper_t(const std::vector<float>& A, int C, const float* rhs, 
 }
 
 static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                           ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta, ffi::Buffer<ffi::F32> states, ffi::Buffer<ffi::F32> dout, ffi::Buffer<ffi::F32> ds_final,
+                           ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta, ffi::Buffer<ffi::F32> states,
+                           ffi::Buffer<ffi::F32> dout, ffi::Buffer<ffi::F32> ds_final,
                            ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
                            ffi::ResultBuffer<ffi::F32> dv, ffi::ResultBuffer<ffi::F32> dg,
                            ffi::ResultBuffer<ffi::F32> dbeta, ffi::ResultBuffer<ffi::F32> ds0, float scale,
@@ -235,7 +237,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
     Chunk c(C, K, V);
     std::vector<float> dvn(C * V), dos(C * K), dkt(C * K), dw(C * K), drw(C * K), dru(C * V), daqk(C * C), da(C * C);
     std::vector<float> lq(C * K), lk(C * K), lg(C * K), dglast(K);  // d q (scaled), d k, d G of the chunk
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int u = 0; u < units; ++u) {
       const int b = u / s.H, h = u % s.H;
       float* dS = dS0 + (size_t)u * s.KV();  // the carried state gradient, ds_final first
