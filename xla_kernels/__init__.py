@@ -13,5 +13,5 @@ a silent fallback). Kernels import only public helpers of ``jaxwm``, never the r
 - ``cpu_delta_rule.py`` + ``cpu_delta_rule.cc``: the chunked gated delta rule (``jaxwm.ops.delta_rule``) as one C++
   kernel, forward and backward (``model.loci.impl='cpu_flash'``).
 - ``cpu_build.py`` builds and loads the C++ kernels; ``cpu_math.h`` holds the ``exp`` and ``sincos`` they share,
-  ``cpu_ffi.h`` their FFI binding helpers.
+  ``cpu_ffi.h`` their FFI binding helpers, ``cpu_blas.h`` the BLAS ``sgemm`` they multiply with.
 """

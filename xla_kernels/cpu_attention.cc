@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_blas.h"
 #include "cpu_ffi.h"
 #include "cpu_math.h"
 #include "xla/ffi/api/ffi.h"
@@ -36,10 +37,7 @@ namespace ffi = xla::ffi;
 using jaxwm_ffi::f32_args;
 using jaxwm_ffi::f32_rets;
 
-typedef void (*sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
-                        const int*, const float*, const int*, const float*, float*, const int*);
-static sgemm_t sgemm = nullptr;
-extern "C" void jaxwm_cpu_attention_set_sgemm(void* p) { sgemm = (sgemm_t)p; }
+JAXWM_SGEMM(jaxwm_cpu_attention_set_sgemm)
 
 struct Shapes {
   int B, Lq, H, D, Lk, Dv, P, F, N, Bm;

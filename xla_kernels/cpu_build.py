@@ -1,6 +1,7 @@
 """Builds and loads the C++ kernels for XLA:CPU (``cpu_*.cc`` beside this file, with the shared headers
-``cpu_ffi.h``, FFI binding helpers, and ``cpu_math.h``, ``exp`` and ``sincos``), and says how many OpenMP threads a
-call gets (:func:`threads`); :func:`scipy_sgemm` hands the kernels that multiply matrices scipy's BLAS ``sgemm``.
+``cpu_blas.h``, the BLAS ``sgemm`` and a row-major product, ``cpu_ffi.h``, FFI binding helpers, and ``cpu_math.h``,
+``exp`` and ``sincos``), and says how many OpenMP threads a call gets (:func:`threads`); :func:`scipy_sgemm` hands
+the kernels that multiply matrices scipy's BLAS ``sgemm``.
 
 Each source is compiled with ``g++`` (or ``$CXX``) at first use into ``$JAXWM_KERNEL_CACHE`` (default
 ``~/.cache/jaxwm``; a read-only one falls back to the temporary directory), one file per source, header, jaxlib
@@ -21,7 +22,7 @@ import tempfile
 import jax
 
 HERE = pathlib.Path(__file__).parent
-HEADERS = (HERE / "cpu_ffi.h", HERE / "cpu_math.h")
+HEADERS = (HERE / "cpu_blas.h", HERE / "cpu_ffi.h", HERE / "cpu_math.h")
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 
 

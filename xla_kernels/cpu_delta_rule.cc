@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_blas.h"
 #include "cpu_ffi.h"
 #include "cpu_math.h"
 #include "xla/ffi/api/ffi.h"
@@ -26,15 +27,11 @@ namespace ffi = xla::ffi;
 using jaxwm_ffi::f32_args;
 using jaxwm_ffi::f32_rets;
 
-typedef void (*sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
-                        const int*, const float*, const int*, const float*, float*, const int*);
-static sgemm_t sgemm = nullptr;
-extern "C" void jaxwm_cpu_delta_rule_set_sgemm(void* p) { sgemm = (sgemm_t)p; }
+JAXWM_SGEMM(jaxwm_cpu_delta_rule_set_sgemm)
 
-// Row-major C [m, n] = alpha op(A) op(B) + beta C (op: transpose where ta / tb), by the column-major sgemm.
 static void mm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
                float beta, float* c, int ldc) {
-  sgemm(tb ? "T" : "N", ta ? "T" : "N", &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  rowmajor_mm(sgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static inline float exp0(float x) { return exp_nonpositive(x < 0.0f ? x : 0.0f); }
