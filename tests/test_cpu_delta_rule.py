@@ -163,3 +163,15 @@ def test_one_forward_and_one_backward_kernel_per_compiled_gradient():
     assert text.count('custom_call_target="jaxwm_cpu_delta_rule_bwd"') == 1
   text = jax.jit(fn).lower(*arrays).compile().as_text()
   assert "f32[1,1,0,8,8]" in text  # without a gradient no state is saved
+
+
+def test_no_tokens_pass_the_state_through():
+  *xs, s0 = (jnp.asarray(a) for a in _inputs(9, t=37))
+  q, k, v, g, beta = (x[:, :0] for x in xs)  # T = 0
+  fn = lambda s0: kernels.delta_rule_chunked(q, k, v, g, beta, initial_state=s0, chunk_size=16, impl="cpu_flash",
+                                             output_final_state=True)  # noqa: E731
+  o, s = jax.jit(fn)(s0)
+  assert o.shape == (2, 0, 2, 7)
+  np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
+  ds = jax.jit(jax.grad(lambda s0: jnp.sum(fn(s0)[1] * 2.0)))(s0)
+  np.testing.assert_array_equal(np.asarray(ds), 2.0)

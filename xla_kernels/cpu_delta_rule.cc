@@ -182,6 +182,10 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
     for (int u = 0; u < units; ++u) {
       const int b = u / s.H, h = u % s.H;
       float* fin = Sf + (size_t)u * s.KV();
+      if (s.N == 0) {  // no tokens: the state passes through (and no state is saved)
+        std::memcpy(fin, S0 + (size_t)u * s.KV(), sizeof(float) * s.KV());
+        continue;
+      }
       float* S = save_states ? St + (size_t)u * s.N * s.KV() : local.data();
       std::memcpy(S, S0 + (size_t)u * s.KV(), sizeof(float) * s.KV());
       for (int n = 0; n < s.N; ++n) {
@@ -194,7 +198,7 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
         advance(c, S, next);
         S = next;
       }
-      if (!save_states || s.N == 0) std::memcpy(fin, S, sizeof(float) * s.KV());
+      if (!save_states) std::memcpy(fin, S, sizeof(float) * s.KV());
     }
   }
   return ffi::Error::Success();
