@@ -348,3 +348,23 @@ def test_block_rows_sized_by_the_keys_give_the_same_attention(monkeypatch):
   np.testing.assert_allclose(l_auto, l_64, rtol=1e-5)
   for a, b in zip(g_auto, g_64):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threads_give_the_same_bits(threads, monkeypatch):
+  """Dense and per-view attention, values and gradients, on 2 or 3 OpenMP threads against 1 (the suite's fake
+  devices leave each call one thread): the same bits, whatever order the dynamically handed-out units run in."""
+  from xla_kernels import cpu_attention  # pylint: disable=g-import-not-at-top
+  q, k, v, g = _inputs(lq=150, lk=131, seed=5)
+  fac = jax.random.normal(jax.random.key(9), (B, 3, 131, 2, 2))
+
+  def run(n):
+    monkeypatch.setattr(cpu_attention, "threads", lambda: n)
+    dense = lambda q, k, v: jnp.sum(kernels.dot_product_attention(q, k, v, impl="cpu_flash") * g)  # noqa: E731
+    view = lambda q, k, v, f: jnp.sum(  # noqa: E731
+        kernels.per_view_attention(q, k, v, f, (1, 3), scale=0.3, impl="cpu_flash") * g)
+    return (jax.jit(jax.value_and_grad(dense, argnums=(0, 1, 2)))(q, k, v),
+            jax.jit(jax.value_and_grad(view, argnums=(0, 1, 2, 3)))(q, k, v, fac))
+
+  for a, b in zip(jax.tree.leaves(run(threads)), jax.tree.leaves(run(1))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -82,8 +82,45 @@ def test_without_an_initial_state_and_with_a_scale():
   ref32 = _run(lambda *a, **kw: dr.delta_rule_chunked(*a, scale=0.3, chunk_size=8, **kw), arrays, False, jnp.float32)
   got = _run(lambda *a, **kw: kernels.delta_rule_chunked(*a, scale=0.3, chunk_size=8, impl="cpu_flash", **kw),
              arrays, False, jnp.float32)
-  _check(got[:-1], want[:-1], ref32[:-1])
-  assert not got[-1].any()  # no initial state given: its gradient is not taken
+  _check(got[:-1], want[:-1], ref32[:-1])  # no initial state given: its gradient is not taken
+
+
+def test_a_traced_scale_is_differentiated():
+  """A scale that is an array (here traced, as a learnt one would be): JAX scales q, and d scale is the reference's."""
+  q, k, v, g, beta, s0 = (jnp.asarray(a) for a in _inputs(12, t=19, b=1, h=2, dk=8, dv=8))
+
+  def loss(scale, impl):
+    o, s = kernels.delta_rule_chunked(q, k, v, g, beta, scale=scale, initial_state=s0, chunk_size=8, impl=impl,
+                                      output_final_state=True)
+    return jnp.sum(o ** 2) + jnp.sum(s)
+
+  got, want = (jax.jit(jax.value_and_grad(lambda c, i=i: loss(c, i)))(jnp.float32(0.4)) for i in ("cpu_flash", "xla"))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_threads_give_the_same_bits(threads, monkeypatch):
+  """9 (batch, head) units on 1, 2 or 5 OpenMP threads (the suite's fake devices leave each call one thread): the same
+  bits, and the reference's values at head dims 32 and 48 over 5 chunks."""
+  arrays = _inputs(13, t=70, b=3, h=3, dk=32, dv=48)
+  monkeypatch.setattr(cpu_delta_rule, "threads", lambda: threads)
+  got = _run(_kernel(16), arrays, True, jnp.float32)
+  monkeypatch.setattr(cpu_delta_rule, "threads", lambda: 1)
+  one = _run(_kernel(16), arrays, True, jnp.float32)
+  for a, b in zip(got, one):
+    np.testing.assert_array_equal(a, b)
+  ref32 = _run(lambda *a, **kw: dr.delta_rule_chunked(*a, chunk_size=16, **kw), arrays, True, jnp.float32)
+  _check(got, _exact(arrays, True), ref32)
+
+
+def test_nan_in_a_decay_reaches_the_outputs():
+  """A NaN log-decay in token 10 (chunk 8): every output from its chunk on is NaN (within the chunk through the
+  products, as in the reference), the first chunk's are not, and the state is."""
+  q, k, v, g, beta, s0 = _inputs(14, t=20, b=1, h=1, dk=8, dv=8)
+  g[0, 10, 0, :3] = np.nan
+  o, s = (np.asarray(x) for x in kernels.delta_rule_chunked(q, k, v, g, beta, initial_state=s0, chunk_size=8,
+                                                             impl="cpu_flash", output_final_state=True))
+  assert np.isnan(o[0, 8:]).any(axis=-1).all() and np.isnan(s).any() and np.isfinite(o[0, :8]).all()
 
 
 @pytest.mark.parametrize("decay", [30.0, 1e4])
@@ -93,10 +130,10 @@ def test_strong_decays_stay_finite_and_exact(decay):
   arrays = _inputs(11, t=24, b=1, h=1, dk=8, dv=8, decay=decay)
   o, s, *grads = _run(_kernel(8), arrays, True, jnp.float32)
   want = _exact(arrays, True) if decay < 100 else None
-  assert np.isfinite(o).all() and np.isfinite(s).all()
+  assert np.isfinite(o).all() and np.isfinite(s).all() and all(np.isfinite(x).all() for x in grads)
   if want is not None:
     np.testing.assert_allclose(o, want[0], rtol=0, atol=1e-5 * np.abs(want[0]).max())
-    for a, b in zip(grads[:3], want[2:5]):
+    for a, b in zip(grads, want[2:]):
       np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
   else:  # nothing survives a token: o_t = beta_t (q_t . k_t) v_t, the last token's write is the state
     q, k, v, _, beta, _ = (np.asarray(x, np.float64) for x in arrays)
@@ -130,6 +167,11 @@ def test_mesh_vmap_and_other_platforms():
                                                        output_final_state=True, batch_axes=axes))
     assert "shard_map" in str(jax.make_jaxpr(fn)(*arrays))
     got = fn(*map(put, arrays))
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a)[0] ** 2), argnums=tuple(range(6))))(*map(put, arrays))
+  ref = jax.grad(lambda *a: jnp.sum(dr.delta_rule_chunked(*a[:5], initial_state=a[5], chunk_size=8)[0] ** 2),
+                 argnums=tuple(range(6)))(*arrays)
+  for a, b in zip(grads, ref):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4 * float(jnp.abs(b).max()))
   for a, b in zip(got, want):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
   per = jax.vmap(lambda *a: kernels.delta_rule_chunked(*a, chunk_size=8, impl="cpu_flash")[0])(
@@ -140,8 +182,13 @@ def test_mesh_vmap_and_other_platforms():
     with pytest.raises(ValueError, match=f"model.loci.impl='cpu_flash'.*cannot be lowered for platform {platform}"):
       jax.jit(lambda *a: kernels.delta_rule_chunked(*a, impl="cpu_flash")[0]).trace(*arrays[:5]).lower(
           lowering_platforms=(platform,))
-  with pytest.raises(ValueError, match=r"model.loci.impl='cpu_flash' \(the delta rule\): chunk_size=0"):
-    kernels.delta_rule_chunked(*arrays[:5], chunk_size=0, impl="cpu_flash")
+  for bad in (0, True, 2.0):
+    with pytest.raises(ValueError, match=rf"model.loci.impl='cpu_flash' \(the delta rule\): chunk_size={bad!r}"):
+      kernels.delta_rule_chunked(*arrays[:5], chunk_size=bad, impl="cpu_flash")
+  np.testing.assert_allclose(  # an int-like chunk (NumPy's) is a chunk
+      np.asarray(kernels.delta_rule_chunked(*arrays[:5], initial_state=arrays[5], chunk_size=np.int64(8),
+                                            impl="cpu_flash")[0]),
+      np.asarray(want[0]), atol=2e-5)
 
 
 def test_loci_write_through_the_kernel():

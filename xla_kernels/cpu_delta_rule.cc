@@ -16,6 +16,7 @@
 // taken: a positive exponent is clamped to 0.
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "cpu_blas.h"
@@ -34,7 +35,7 @@ static void mm(bool ta, bool tb, int m, int n, int k, float alpha, const float* 
   rowmajor_mm(sgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-static inline float exp0(float x) { return exp_nonpositive(x < 0.0f ? x : 0.0f); }
+static inline float exp0(float x) { return exp_nonpositive(x > 0.0f ? 0.0f : x); }  // NaN stays NaN
 
 struct Dims {
   int B, T, H, K, V, C, N;
@@ -43,27 +44,42 @@ struct Dims {
   size_t row_v(int b, int t, int h) const { return (((size_t)b * T + t) * H + h) * V; }
 };
 
-static Dims dims_of(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& v, int64_t chunk) {
-  auto d = q.dimensions();
-  Dims s{(int)d[0], (int)d[1], (int)d[2], (int)d[3], (int)v.dimensions()[3], (int)chunk, 0};
-  s.N = s.C > 0 ? s.T / s.C : 0;
-  return s;
+template <typename Dimensions>
+static bool dims_are(const Dimensions& d, std::initializer_list<int64_t> want) {
+  if (d.size() != want.size()) return false;
+  size_t i = 0;
+  for (int64_t w : want)
+    if (d[i++] != w) return false;
+  return true;
 }
 
-static ffi::Error check(const Dims& s, const ffi::Buffer<ffi::F32>& k, const ffi::Buffer<ffi::F32>& v,
-                        const ffi::Buffer<ffi::F32>& g, const ffi::Buffer<ffi::F32>& beta,
-                        const ffi::Buffer<ffi::F32>& state) {
+// The dimensions from q, v and the chunk; an error where q or v is not of rank 4 or T is not whole chunks.
+static ffi::Error dims_of(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& v, int64_t chunk, Dims& s) {
+  auto d = q.dimensions(), vd = v.dimensions();
+  if (d.size() != 4 || vd.size() != 4) return ffi::Error::InvalidArgument("cpu_delta_rule: q or v is not of rank 4");
+  s = Dims{(int)d[0], (int)d[1], (int)d[2], (int)d[3], (int)vd[3], (int)chunk, 0};
   if (s.C < 1 || s.T % s.C) return ffi::Error::InvalidArgument("cpu_delta_rule: T not a multiple of the chunk");
-  auto kd = k.dimensions(), gd = g.dimensions(), vd = v.dimensions(), bd = beta.dimensions(), sd = state.dimensions();
-  if (kd.size() != 4 || gd.size() != 4 || vd.size() != 4 || bd.size() != 3 || sd.size() != 4)
-    return ffi::Error::InvalidArgument("cpu_delta_rule: inputs' ranks");
-  for (int i = 0; i < 4; ++i)
-    if (kd[i] != gd[i] || (i < 3 && (vd[i] != kd[i] || bd[i] != kd[i])))
-      return ffi::Error::InvalidArgument("cpu_delta_rule: inputs' shapes differ");
-  if (kd[0] != s.B || kd[1] != s.T || kd[2] != s.H || kd[3] != s.K)
-    return ffi::Error::InvalidArgument("cpu_delta_rule: k's shape");
-  if (sd[0] != s.B || sd[1] != s.H || sd[2] != s.K || sd[3] != s.V)
-    return ffi::Error::InvalidArgument("cpu_delta_rule: the state's shape");
+  s.N = s.T / s.C;
+  return ffi::Error::Success();
+}
+
+// Every buffer the kernel indexes has the shape it assumes (the FFI target is global: a mismatch must be an error,
+// never an access out of bounds). `keys` are [B, T, H, K] (q, k, g and their gradients), `values` [B, T, H, V],
+// `states` [B, H, K, V], `saved` [B, H, n_saved, K, V].
+template <typename KeysT, typename ValuesT, typename StatesT, typename BetaT, typename SavedT>
+static ffi::Error check(const Dims& s, std::initializer_list<KeysT> keys, std::initializer_list<ValuesT> values,
+                        std::initializer_list<StatesT> states, std::initializer_list<BetaT> betas, const SavedT& saved,
+                        int64_t n_saved) {
+  for (const auto& d : keys)
+    if (!dims_are(d, {s.B, s.T, s.H, s.K})) return ffi::Error::InvalidArgument("cpu_delta_rule: a [B, T, H, K] shape");
+  for (const auto& d : values)
+    if (!dims_are(d, {s.B, s.T, s.H, s.V})) return ffi::Error::InvalidArgument("cpu_delta_rule: a [B, T, H, V] shape");
+  for (const auto& d : states)
+    if (!dims_are(d, {s.B, s.H, s.K, s.V})) return ffi::Error::InvalidArgument("cpu_delta_rule: a [B, H, K, V] shape");
+  for (const auto& d : betas)
+    if (!dims_are(d, {s.B, s.T, s.H})) return ffi::Error::InvalidArgument("cpu_delta_rule: a [B, T, H] shape");
+  if (!dims_are(saved, {s.B, s.H, n_saved, s.K, s.V}))
+    return ffi::Error::InvalidArgument("cpu_delta_rule: the saved states' shape");
   return ffi::Error::Success();
 }
 
@@ -168,8 +184,13 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
                           ffi::ResultBuffer<ffi::F32> s_final, float scale, int64_t chunk, int64_t save_states,
                           int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_delta_rule: no sgemm set");
-  const Dims s = dims_of(q, v, chunk);
-  if (ffi::Error e = check(s, k, v, g, beta, s0); e.failure()) return e;
+  Dims s;
+  if (ffi::Error e = dims_of(q, v, chunk, s); e.failure()) return e;
+  if (ffi::Error e = check(s, {q.dimensions(), k.dimensions(), g.dimensions()}, {v.dimensions(), out->dimensions()},
+                           {s0.dimensions(), s_final->dimensions()}, {beta.dimensions()}, states->dimensions(),
+                           save_states ? s.N : 0);
+      e.failure())
+    return e;
   const float *Q = q.typed_data(), *Kp = k.typed_data(), *Vp = v.typed_data(), *G = g.typed_data();
   const float *Bt = beta.typed_data(), *S0 = s0.typed_data();
   float *O = out->typed_data(), *St = states->typed_data(), *Sf = s_final->typed_data();
@@ -225,8 +246,15 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
                            ffi::ResultBuffer<ffi::F32> dbeta, ffi::ResultBuffer<ffi::F32> ds0, float scale,
                            int64_t chunk, int64_t threads) {
   if (sgemm == nullptr) return ffi::Error::InvalidArgument("cpu_delta_rule: no sgemm set");
-  const Dims s = dims_of(q, v, chunk);
-  if (ffi::Error e = check(s, k, v, g, beta, ds_final); e.failure()) return e;
+  Dims s;
+  if (ffi::Error e = dims_of(q, v, chunk, s); e.failure()) return e;
+  if (ffi::Error e = check(s, {q.dimensions(), k.dimensions(), g.dimensions(), dq->dimensions(), dk->dimensions(),
+                               dg->dimensions()},
+                           {v.dimensions(), dout.dimensions(), dv->dimensions()},
+                           {ds_final.dimensions(), ds0->dimensions()}, {beta.dimensions(), dbeta->dimensions()},
+                           states.dimensions(), s.N);
+      e.failure())
+    return e;
   const float *Q = q.typed_data(), *Kp = k.typed_data(), *Vp = v.typed_data(), *Gp = g.typed_data();
   const float *Bt = beta.typed_data(), *St = states.typed_data(), *DO = dout.typed_data();
   const float* DSf = ds_final.typed_data();

@@ -11,12 +11,15 @@ incoming state when a gradient is taken; the backward walks the chunks in revers
 included. Input checks and preparation are the op's interface (``jaxwm.interfaces.delta_rule``), shared with the
 reference.
 
-Built with ``g++`` at first use (``cpu_build``); float32 inside (inputs are cast as by the reference). Only
-exponentials of non-positive numbers are taken: ``g`` is a log-decay (``<= 0``), and positive entries act as 0.
+Built with ``g++`` at first use (``cpu_build``); float32 inside (inputs are cast as by the reference). ``g`` is a
+log-decay, ``<= 0``: only exponentials of non-positive numbers are taken, a positive cumulative difference is clamped
+to 0 (so ``g > 0``, outside the op's domain, does not give the reference's result), and a NaN reaches the outputs.
+Reverse-mode differentiation only (``custom_vjp``, as the Pallas kernels): ``jax.jvp`` of it raises.
 """
 
 import ctypes
 import functools
+import operator
 import threading
 
 import jax
@@ -94,16 +97,23 @@ def delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final
   ``initial_state [B, H, K, V]`` -> ``(o [B, T, H, V] in v's dtype, final_state or None)``; gradients w.r.t. every
   input. ``T`` is padded to whole chunks with ``beta = 0``, ``g = 0`` (no-op tokens) as by the reference."""
   del interpret
-  if not isinstance(chunk_size, int) or chunk_size < 1:
+  try:
+    chunk = operator.index(chunk_size) if not isinstance(chunk_size, bool) else 0
+  except TypeError:
+    chunk = 0
+  if chunk < 1:
     _fail(f"chunk_size={chunk_size!r}: must be a positive int")
   dtype = v.dtype
-  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-  q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, 1.0, initial_state)  # the kernel scales q
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  traced = isinstance(scale, jax.core.Tracer) or np.ndim(scale)
+  # a number: the kernel scales q (and dq); an array (traced, learnt): JAX scales q and differentiates through it
+  q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale if traced else 1.0, initial_state)
+  scale = 1.0 if traced else float(scale)
   library()
   t = q.shape[1]
-  pad = (-t) % chunk_size
+  pad = (-t) % chunk
   q, k, v, g, beta = (pad_time(x, pad) for x in (q, k, v, g, beta))
-  o, s = _scan(q, k, v, g, beta, s0, scale, chunk_size)
+  o, s = _scan(q, k, v, g, beta, s0, scale, chunk)
   return o[:, :t].astype(dtype), (s if output_final_state else None)
 
 
