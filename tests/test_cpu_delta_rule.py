@@ -192,11 +192,10 @@ def test_mesh_vmap_and_other_platforms():
 
 
 def test_loci_write_through_the_kernel():
-  q, k, v, _, beta, s0 = (jnp.asarray(a) for a in _inputs(6, t=19, b=1, h=2, dk=8, dv=8))
+  _, k, v, _, beta, s0 = (jnp.asarray(a) for a in _inputs(6, t=19, b=1, h=2, dk=8, dv=8))
   got = kernels.delta_rule_write(k, v, beta, initial_state=s0, chunk_size=8, impl="cpu_flash")
   want = dr.delta_rule_write(k, v, beta, initial_state=s0, chunk_size=8)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-  del q
 
 
 def test_one_forward_and_one_backward_kernel_per_compiled_gradient():

@@ -30,6 +30,7 @@ from xla_kernels import cpu_build
 from xla_kernels.cpu_build import threads
 
 IMPL = "cpu_flash"
+SOURCE = pathlib.Path(__file__).with_suffix(".cc")
 BLOCK_BYTES = 1 << 20  # a unit's block of query rows: their scores fit in 1 MiB of cache
 MIN_BLOCK, MAX_BLOCK = 64, 256
 BLOCK = None  # forced query rows per unit (benchmarks, tests); None: sized by the keys, block_rows
@@ -43,7 +44,8 @@ def block_rows(lk):
     return int(BLOCK)
   rows = BLOCK_BYTES // (4 * max(int(lk), 1))
   return max(MIN_BLOCK, min(MAX_BLOCK, 1 << (max(rows, 1).bit_length() - 1)))
-SOURCE = pathlib.Path(__file__).with_suffix(".cc")
+
+
 _lock = threading.Lock()
 _loaded = []
 
