@@ -9,16 +9,17 @@
 // Dense attention is P = 0 (F = 1, K = k).
 //
 // Forward, per (batch, head, frame, block of the frame's queries): K[f] built into a per-thread buffer (P > 0);
-// the block's score rows stay in cache through the softmax (max over the kept keys, exp, sum) and O = P v;
-// lse = max + log(sum). A row with no kept key gives 0.
+// the block's score rows stay in cache through the softmax (max over the kept keys, exp, sum) and
+// O = (exp(S - max) v) / sum, normalised after the product (Dv divisions per row, not Lk); lse = max + log(sum).
+// A row with no kept key gives 0.
 // Backward (FlashAttention's, unblocked over keys), per (batch, head): P = exp(S - lse) recomputed per block,
 // dV += P^T dO, dP = dO v^T, dS = P (dP - rowsum(dO O)) scale, dq = dS K[f], dK[f] += dS^T q; at the end of frame f
 // (P > 0) dk += dK[f] on the other channels and the conjugate rotation of dK[f] on the pairs, and the factor's
 // gradient per head, d re = dK_0 k_0 + dK_1 k_1, d im = dK_1 k_0 - dK_0 k_1, summed over heads after the loop.
 // Products by a BLAS sgemm (column-major: a row-major [m, n] with row stride ld is its transpose), set by
 // jaxwm_cpu_attention_set_sgemm; units on `threads` OpenMP threads, handed out dynamically (XLA may run another op on
-// a core meanwhile: a static split waits for the thread that shares it). exp is written out so that it vectorises
-// without fast-math, and NaN propagates.
+// a core meanwhile: a static split waits for the thread that shares it). exp is cpu_math.h's exp_row (AVX-512 where the
+// host has it), and NaN propagates.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -125,48 +126,29 @@ static void unrotate(const Shapes& s, const Rows& r, const int32_t* pairs, const
   }
 }
 
-// One query row of scores -> probabilities (in place); returns the log-sum-exp (0 for a row with no kept key).
-static float softmax_row(float* s, const uint8_t* keep, int n) {
+// One query row of scores -> its unnormalised probabilities exp(s - max) (in place); returns the log-sum-exp and
+// sets *inv to 1 / their sum (0 and 0 for a row with no kept key). A NaN among the kept scores reaches the sum, so
+// the row's lse and output (scaled by *inv) are NaN, as in the reference; a NaN in a masked-out key stays out.
+static float softmax_row(float* s, const uint8_t* keep, int n, float* inv) {
   float mx = -FLT_MAX;
-  int any = keep == nullptr, nan = 0;
+  int any = keep == nullptr;
   if (keep) {
-#pragma omp simd reduction(max : mx) reduction(| : any, nan)
+#pragma omp simd reduction(max : mx) reduction(| : any)
     for (int j = 0; j < n; ++j) {
       any |= keep[j] != 0;
-      nan |= (keep[j] != 0) & (s[j] != s[j]);  // a NaN in a masked-out key stays out, as in the reference
       mx = std::max(mx, keep[j] ? s[j] : -FLT_MAX);
     }
   } else {
-#pragma omp simd reduction(max : mx) reduction(| : nan)
-    for (int j = 0; j < n; ++j) {
-      nan |= s[j] != s[j];
-      mx = std::max(mx, s[j]);
-    }
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;  // (std::max does not vectorise) NaN: caught by the sum
   }
   if (!any) {
     std::fill(s, s + n, 0.0f);
+    *inv = 0.0f;
     return 0.0f;
   }
-  if (nan) mx = NAN;  // propagates to every probability of the row
-  float sum = 0.0f;
-  if (keep) {
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < n; ++j) {
-      float e = keep[j] ? exp_nonpositive(s[j] - mx) : 0.0f;
-      s[j] = e;
-      sum += e;
-    }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < n; ++j) {
-      float e = exp_nonpositive(s[j] - mx);
-      s[j] = e;
-      sum += e;
-    }
-  }
-  float inv = 1.0f / sum;
-#pragma omp simd
-  for (int j = 0; j < n; ++j) s[j] *= inv;
+  const float sum = exp_row(s, mx, keep, s, n);
+  *inv = 1.0f / sum;
   return mx + std::log(sum);
 }
 
@@ -183,7 +165,7 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
   float *O = out->typed_data(), *L = lse->typed_data();
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> S((size_t)block * s.Lk), keys(s.P ? (size_t)s.Lk * s.D : 0);
+    std::vector<float> S((size_t)block * s.Lk), keys(s.P ? (size_t)s.Lk * s.D : 0), inv(block);
     const float one = 1.0f, zero = 0.0f;
     const int hd = s.HD(), hv = s.HV(), ldk = s.P ? s.D : hd;
     long built = -1;  // the (b, h, f) whose keys are in `keys`
@@ -201,10 +183,16 @@ static ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi:
             &s.Lk);  // S = scale q K[f]^T
       for (int i = 0; i < m; ++i) {
         const uint8_t* keep = M ? M + ((size_t)(s.Bm > 1 ? b : 0) * s.Lq + i0 + i) * s.Lk : nullptr;
-        L[((size_t)b * s.H + h) * s.Lq + i0 + i] = softmax_row(S.data() + (size_t)i * s.Lk, keep, s.Lk);
+        L[((size_t)b * s.H + h) * s.Lq + i0 + i] = softmax_row(S.data() + (size_t)i * s.Lk, keep, s.Lk, &inv[i]);
       }
       float* ob = O + ((size_t)b * s.Lq + i0) * hv + h * s.Dv;
-      sgemm("N", "N", &s.Dv, &m, &s.Lk, &one, r.v, &hv, S.data(), &s.Lk, &zero, ob, &hv);  // O = P v
+      sgemm("N", "N", &s.Dv, &m, &s.Lk, &one, r.v, &hv, S.data(), &s.Lk, &zero, ob, &hv);  // O = exp(S - max) v
+      for (int i = 0; i < m; ++i) {  // ... / sum: Dv divisions per row, not Lk
+        float* o = ob + (size_t)i * hv;
+        const float c = inv[i];
+#pragma omp simd
+        for (int d = 0; d < s.Dv; ++d) o[d] *= c;
+      }
     }
   }
   return ffi::Error::Success();
@@ -262,14 +250,7 @@ static ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi
           for (int i = 0; i < m; ++i) {
             float* p = Pm.data() + (size_t)i * s.Lk;
             const uint8_t* keep = M ? M + ((size_t)(s.Bm > 1 ? b : 0) * s.Lq + i0 + i) * s.Lk : nullptr;
-            const float l = lb[i];
-            if (keep) {
-#pragma omp simd
-              for (int j = 0; j < s.Lk; ++j) p[j] = keep[j] ? exp_nonpositive(p[j] - l) : 0.0f;
-            } else {
-#pragma omp simd
-              for (int j = 0; j < s.Lk; ++j) p[j] = exp_nonpositive(p[j] - l);
-            }
+            exp_row(p, lb[i], keep, p, s.Lk);  // P = exp(S - lse)
             float d = 0.0f;
             for (int c = 0; c < s.Dv; ++c) d += gb[(size_t)i * hv + c] * ob[(size_t)i * hv + c];
             delta[i] = d;
