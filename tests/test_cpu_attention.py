@@ -120,6 +120,16 @@ def test_a_query_with_no_key_gets_zero_and_the_others_are_unchanged():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
+def test_no_keys_at_all_give_zero_outputs_and_gradients():
+  """Zero keys (every row's sum is 0): outputs and the query's gradient 0 and finite, as the reference's."""
+  q, _, _, g = _inputs()
+  k = v = jnp.zeros((B, 0, H, D))
+  for mask in (None, jnp.zeros((B, LQ, 0), bool)):
+    out, pull = jax.vjp(lambda q: kernels.dot_product_attention(q, k, v, mask, impl="cpu_flash"), q)
+    assert out.shape == (B, LQ, H, D) and not np.asarray(out).any()
+    assert not np.asarray(pull(g)[0]).any()
+
+
 def test_per_batch_shard_on_a_mesh_equals_one_device():
   q, k, v, g = _inputs(b=4)
   mask = _random_mask((4, LQ, LK), 7)

@@ -127,8 +127,9 @@ static void unrotate(const Shapes& s, const Rows& r, const int32_t* pairs, const
 }
 
 // One query row of scores -> its unnormalised probabilities exp(s - max) (in place); returns the log-sum-exp and
-// sets *inv to 1 / their sum (0 and 0 for a row with no kept key). A NaN among the kept scores reaches the sum, so
-// the row's lse and output (scaled by *inv) are NaN, as in the reference; a NaN in a masked-out key stays out.
+// sets *inv to 1 / their sum (0 and 0 for a row with no kept key, or no key at all). A NaN among the kept scores
+// reaches the sum, so the row's lse and output (scaled by *inv) are NaN, as in the reference; a NaN in a masked-out
+// key stays out.
 static float softmax_row(float* s, const uint8_t* keep, int n, float* inv) {
   float mx = -FLT_MAX;
   int any = keep == nullptr;
@@ -142,7 +143,7 @@ static float softmax_row(float* s, const uint8_t* keep, int n, float* inv) {
 #pragma omp simd reduction(max : mx)
     for (int j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;  // (std::max does not vectorise) NaN: caught by the sum
   }
-  if (!any) {
+  if (!any || n == 0) {  // no key: 0, not 0 / 0
     std::fill(s, s + n, 0.0f);
     *inv = 0.0f;
     return 0.0f;
