@@ -82,11 +82,15 @@ def _xla_flops(config):
 
 
 def bench_jaxwm(config, steps):
-  """The real train step (the config's layout, mask and encoding, AdamW) on one device."""
+  """The real train step (the config's layout, mask and encoding, AdamW) on one device: ``(seconds per step,
+  tokens per step, XLA-counted FLOPs per step, minor page faults per step, matmul rate)``. The rate (FLOP/s,
+  :func:`matmul_rate`) is the mean of one measurement right before and one right after the timed steps: this VM's
+  speed drifts by tens of percent within minutes, so an MFU needs the rate of the same moment."""
   flops = _xla_flops(config)
   tr, state, batch, key = jaxwm_train_step(config)
   state, m = tr.train_step(state, batch, key)
   jax.block_until_ready(m)
+  rate = matmul_rate()
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   t = time.perf_counter()
   for _ in range(steps):
@@ -94,7 +98,7 @@ def bench_jaxwm(config, steps):
   jax.block_until_ready(m)
   dt = (time.perf_counter() - t) / steps
   faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
-  return dt, tr.tokens_per_step, flops, faults
+  return dt, tr.tokens_per_step, flops, faults, (rate + matmul_rate()) / 2
 
 
 def _backbone_shapes(config):
@@ -286,8 +290,8 @@ def main():
     if name not in CONFIGS:
       p.error(f"--configs: {name!r} is not one of {sorted(CONFIGS)}")
   rate = matmul_rate()
-  print(f"backend {jax.default_backend()}, {os.cpu_count()} cpus; measured float32 matmul rate "
-        f"{rate / 1e9:.1f} GFLOP/s (2048^3); huge pages for malloc: {'on' if hugepages.enabled() else 'off'}")
+  print(f"backend {jax.default_backend()}, {os.cpu_count()} cpus; measured float32 matmul rate at the start "
+        f"{rate / 1e9:.1f} GFLOP/s (2048^3; each row's MFU uses its own); huge pages for malloc: {'on' if hugepages.enabled() else 'off'}")
   from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
   impls = [i for i in args.attention_impls.split(",") if i]
   bad = [i for i in impls if i not in ATTENTION_IMPLS]
@@ -300,7 +304,7 @@ def main():
     p.error(f"--remat: {bad} not among {REMAT_POLICIES}")
   width = max(len(n) + sum(len(x) + 2 for x in (max(impls, key=len, default=""), max(remats, key=len, default=""))
                            if x) for n in names)
-  print(f"{'config':>{width}} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} | "
+  print(f"{'config':>{width}} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} {'GFLOP/s':>7} | "
         f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9} | {'faults/step':>11}")
   for name in names:
     torch_dt = None
@@ -312,7 +316,7 @@ def main():
         config.model.attention_impl = impl
       if remat is not None:
         config.model.remat = remat
-      dt, tokens, flops, faults = bench_jaxwm(config, args.steps)
+      dt, tokens, flops, faults, row_rate = bench_jaxwm(config, args.steps)
       bdt, btok = bench_jaxwm_backbone(config, args.steps)
       if torch_dt is None:  # torch once per config: the same step whatever jaxwm's impl
         torch_dt = bench_torch_alone(name, args.steps, args.torch_threads)
@@ -321,10 +325,10 @@ def main():
       n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
       label = name + "".join(f"[{x}]" for x in (impl, remat) if x is not None)
       print(f"{label:>{width}} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
-            f"{flops / dt / rate:>6.1%} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
+            f"{flops / dt / row_rate:>6.1%} {row_rate / 1e9:>7.1f} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
             f"{tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)
-  print("MFU = XLA-counted FLOPs of the step (cpu_flash rows: counted with xla_lse) / step time / measured matmul "
-        "rate; jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
+  print("MFU = XLA-counted FLOPs of the step (cpu_flash rows: counted with xla_lse) / step time / the matmul rate "
+        "measured right before and after that row's steps (GFLOP/s, their mean); jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
 
 
 if __name__ == "__main__":
