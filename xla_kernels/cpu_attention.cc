@@ -18,8 +18,8 @@
 // gradient per head, d re = dK_0 k_0 + dK_1 k_1, d im = dK_1 k_0 - dK_0 k_1, summed over heads after the loop.
 // Products by a BLAS sgemm (column-major: a row-major [m, n] with row stride ld is its transpose), set by
 // jaxwm_cpu_attention_set_sgemm; units on `threads` OpenMP threads, handed out dynamically (XLA may run another op on
-// a core meanwhile: a static split waits for the thread that shares it). exp is cpu_math.h's exp_row (AVX-512 where the
-// host has it), and NaN propagates.
+// a core meanwhile: a static split waits for the thread that shares it). The row maximum and exp are cpu_math.h's
+// row_max and exp_row, and NaN propagates.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -140,8 +140,7 @@ static float softmax_row(float* s, const uint8_t* keep, int n, float* inv) {
       mx = std::max(mx, keep[j] ? s[j] : -FLT_MAX);
     }
   } else {
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;  // (std::max does not vectorise) NaN: caught by the sum
+    mx = row_max(s, n);  // a NaN skipped there is caught by the sum
   }
   if (!any || n == 0) {  // no key: 0, not 0 / 0
     std::fill(s, s + n, 0.0f);
