@@ -20,12 +20,12 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from timing import run_times  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from xla_kernels import cpu_build  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 _ROWS = """
@@ -82,16 +82,6 @@ def build(directory):
   return lib
 
 
-def _best(fn, repeats):
-  fn()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return min(times) * 1e3
-
-
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--rows", type=int, default=960)
@@ -117,7 +107,7 @@ def main():
     print(f"{a.rows} rows of {a.keys} keys, one thread, best of {a.repeats} (ms)\n")
     print("| piece | ms |\n| --- | --- |")
     for name, fn in rows.items():
-      print(f"| {name} | {_best(fn, a.repeats):.3f} |")
+      print(f"| {name} | {min(run_times(fn, a.repeats)) * 1e3:.3f} |")
 
 
 if __name__ == "__main__":
