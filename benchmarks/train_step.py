@@ -10,7 +10,8 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
   python benchmarks/train_step.py --configs tiny,recipe_w384 --attention-impls xla,xla_lse   # one row per impl
   python benchmarks/train_step.py --configs tiny,recipe_w192 --remat none,full,dots_saveable   # one row per policy
 
-Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update). The script restarts
+Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update). The backbone's FLOPs
+(the same model and shapes in both libraries) give jaxwm's and torch's backbone MFU against the same matmul rate. The script restarts
 once with huge pages for ``malloc``, as ``train.py`` does (:mod:`jaxwm.utils.hugepages`); ``JAXWM_HUGEPAGES=0``
 runs it without. Torch's step runs alone in a child process with its default allocator (:func:`bench_torch_alone`;
 until 2026-12-05 it shared jaxwm's process, which slowed it). ``faults/step``: minor page faults per jaxwm step.
@@ -66,18 +67,30 @@ def jaxwm_train_step(config, workdir="/tmp/jaxwm_bench"):
 
 
 def _xla_flops(config):
-  """XLA's count of the real step's FLOPs. A C++ kernel (``cpu_flash``, and ``auto``, which picks it on CPU) is
-  opaque to XLA's cost analysis, so its step is counted with ``xla_lse`` in its place: the same arithmetic. Under
-  ``model.remat="dots_and_kernels"`` that ``jnp`` attention would be recomputed where the kernel's is kept, so it is
-  counted with ``remat="none"``, which computes what the kernel's step computes (less its recomputed elementwise
-  work)."""
+  """XLA's count of the real step's FLOPs (counted as :func:`_counted` says)."""
+  tr, state, batch, key = jaxwm_train_step(_counted(config))
+  cost = tr.train_step.lower(state, batch, key).compile().cost_analysis()
+  return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def _counted(config):
+  """``config`` as XLA's cost analysis can count it: a C++ kernel (``cpu_flash``, and ``auto``, which picks it on
+  CPU) is opaque to it, so ``xla_lse`` takes its place (the same arithmetic); under ``remat="dots_and_kernels"``
+  that ``jnp`` attention would be recomputed where the kernel's is kept, so ``remat="none"``, which computes what
+  the kernel's step computes (less its recomputed elementwise work)."""
   if config.model.attention_impl in ("cpu_flash", "auto"):
     config = config.copy_and_resolve_references()
     config.model.attention_impl = "xla_lse"
     if config.model.remat == "dots_and_kernels":
       config.model.remat = "none"
-  tr, state, batch, key = jaxwm_train_step(config)
-  cost = tr.train_step.lower(state, batch, key).compile().cost_analysis()
+  return config
+
+
+def backbone_flops(config):
+  """XLA's count of the backbone step's FLOPs (:func:`jaxwm_backbone_step`, counted as :func:`_counted` says):
+  the work of torch's step too, which runs the same model at the same shapes."""
+  step, args, _ = jaxwm_backbone_step(_counted(config))
+  cost = step.lower(*args).compile().cost_analysis()
   return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
@@ -305,7 +318,8 @@ def main():
   width = max(len(n) + sum(len(x) + 2 for x in (max(impls, key=len, default=""), max(remats, key=len, default=""))
                            if x) for n in names)
   print(f"{'config':>{width}} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} {'GFLOP/s':>7} | "
-        f"{'backbone ms (jax)':>17} {'tok/s':>7} | {'torch ms':>8} {'tok/s':>7} {'jax/torch':>9} | {'faults/step':>11}")
+        f"{'backbone ms (jax)':>17} {'tok/s':>7} {'GFLOP':>6} {'MFU':>6} | {'torch ms':>8} {'tok/s':>7} {'MFU':>6} "
+        f"{'jax/torch':>9} | {'faults/step':>11}")
   for name in names:
     torch_dt = None
     for impl, remat in [(i, r) for i in impls or [None] for r in remats or [None]]:
@@ -318,6 +332,7 @@ def main():
         config.model.remat = remat
       dt, tokens, flops, faults, row_rate = bench_jaxwm(config, args.steps)
       bdt, btok = bench_jaxwm_backbone(config, args.steps)
+      bflops = backbone_flops(config)
       if torch_dt is None:  # torch once per config: the same step whatever jaxwm's impl
         torch_dt = bench_torch_alone(name, args.steps, args.torch_threads)
       tdt, ttok = torch_dt
@@ -325,10 +340,13 @@ def main():
       n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
       label = name + "".join(f"[{x}]" for x in (impl, remat) if x is not None)
       print(f"{label:>{width}} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
-            f"{flops / dt / row_rate:>6.1%} {row_rate / 1e9:>7.1f} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
+            f"{flops / dt / row_rate:>6.1%} {row_rate / 1e9:>7.1f} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} {bflops / 1e9:>6.2f} "
+            f"{bflops / bdt / row_rate:>6.1%} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} {bflops / tdt / row_rate:>6.1%} "
             f"{tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)
   print("MFU = XLA-counted FLOPs of the step (cpu_flash rows: counted with xla_lse) / step time / the matmul rate "
-        "measured right before and after that row's steps (GFLOP/s, their mean); jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
+        "measured right before and after that row's steps (GFLOP/s, their mean); the backbone's MFU, jaxwm's and torch's, "
+        "is its XLA-counted FLOPs (GFLOP; the same model at the same shapes on both sides) / that side's step time / "
+        "the same rate; jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
 
 
 if __name__ == "__main__":

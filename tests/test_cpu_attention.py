@@ -186,6 +186,7 @@ def _per_view_inputs(f, n, lk, d, pairs, dv=None, seed=0, b=B):
     (3, 77, 131, 20, (1, 4, 7), None, "per_example"),  # scattered pairs; each frame one full block and a partial one
     (4, 19, 53, 6, (0, 1, 2), 9, "shared"),  # every channel rotated; values of another width
     (1, 130, 33, 8, (3,), None, None),  # one view
+    (2, 33, 40, 22, tuple(range(2, 9)), None, "shared"),  # consecutive pairs, channels on both sides
     (5, 1, 1, 4, (1, 0), 3, None),  # one query per frame, one key; pairs out of order
 ])
 def test_per_view_matches_the_reference_and_its_gradients(f, n, lk, d, pairs, dv, mask):
