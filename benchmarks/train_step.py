@@ -11,10 +11,11 @@ the measured float32 matmul rate, and the same backbone step in PyTorch with dif
   python benchmarks/train_step.py --configs tiny,recipe_w192 --remat none,full,dots_saveable   # one row per policy
 
 Model FLOPs come from XLA's cost analysis of the compiled step (forward, backward, update). The backbone's FLOPs
-(the same model and shapes in both libraries) give jaxwm's and torch's backbone MFU against the same matmul rate. The script restarts
-once with huge pages for ``malloc``, as ``train.py`` does (:mod:`jaxwm.utils.hugepages`); ``JAXWM_HUGEPAGES=0``
-runs it without. Torch's step runs alone in a child process with its default allocator (:func:`bench_torch_alone`;
-until 2026-12-05 it shared jaxwm's process, which slowed it). ``faults/step``: minor page faults per jaxwm step.
+(the same model and shapes in both libraries) give jaxwm's and torch's backbone MFU against the same matmul rate.
+The script restarts once with huge pages for ``malloc``, as ``train.py`` does (:mod:`jaxwm.utils.hugepages`);
+``JAXWM_HUGEPAGES=0`` runs it without. Torch's step runs alone in a child process with its default allocator
+(:func:`bench_torch_alone`; until 2026-12-05 it shared jaxwm's process, which slowed it). ``faults/step``: minor
+page faults per jaxwm step.
 """
 
 import argparse
@@ -69,7 +70,12 @@ def jaxwm_train_step(config, workdir="/tmp/jaxwm_bench"):
 def _xla_flops(config):
   """XLA's count of the real step's FLOPs (counted as :func:`_counted` says)."""
   tr, state, batch, key = jaxwm_train_step(_counted(config))
-  cost = tr.train_step.lower(state, batch, key).compile().cost_analysis()
+  return _compiled_flops(tr.train_step, state, batch, key)
+
+
+def _compiled_flops(fn, *args):
+  """XLA's cost-analysis FLOPs of jitted ``fn`` compiled for ``args``."""
+  cost = fn.lower(*args).compile().cost_analysis()
   return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
@@ -90,8 +96,7 @@ def backbone_flops(config):
   """XLA's count of the backbone step's FLOPs (:func:`jaxwm_backbone_step`, counted as :func:`_counted` says):
   the work of torch's step too, which runs the same model at the same shapes."""
   step, args, _ = jaxwm_backbone_step(_counted(config))
-  cost = step.lower(*args).compile().cost_analysis()
-  return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+  return _compiled_flops(step, *args)
 
 
 def bench_jaxwm(config, steps):
@@ -304,7 +309,8 @@ def main():
       p.error(f"--configs: {name!r} is not one of {sorted(CONFIGS)}")
   rate = matmul_rate()
   print(f"backend {jax.default_backend()}, {os.cpu_count()} cpus; measured float32 matmul rate at the start "
-        f"{rate / 1e9:.1f} GFLOP/s (2048^3; each row's MFU uses its own); huge pages for malloc: {'on' if hugepages.enabled() else 'off'}")
+        f"{rate / 1e9:.1f} GFLOP/s (2048^3; each row's MFU uses its own); huge pages for malloc: "
+        f"{'on' if hugepages.enabled() else 'off'}")
   from jaxwm.kernels import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top
   impls = [i for i in args.attention_impls.split(",") if i]
   bad = [i for i in impls if i not in ATTENTION_IMPLS]
@@ -317,9 +323,9 @@ def main():
     p.error(f"--remat: {bad} not among {REMAT_POLICIES}")
   width = max(len(n) + sum(len(x) + 2 for x in (max(impls, key=len, default=""), max(remats, key=len, default=""))
                            if x) for n in names)
-  print(f"{'config':>{width}} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} {'GFLOP/s':>7} | "
-        f"{'backbone ms (jax)':>17} {'tok/s':>7} {'GFLOP':>6} {'MFU':>6} | {'torch ms':>8} {'tok/s':>7} {'MFU':>6} "
-        f"{'jax/torch':>9} | {'faults/step':>11}")
+  print(f"{'config':>{width}} {'params':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/step':>10} {'MFU':>6} "
+        f"{'GFLOP/s':>7} | {'backbone ms (jax)':>17} {'tok/s':>7} {'GFLOP':>6} {'MFU':>6} | {'torch ms':>8} "
+        f"{'tok/s':>7} {'MFU':>6} {'jax/torch':>9} | {'faults/step':>11}")
   for name in names:
     torch_dt = None
     for impl, remat in [(i, r) for i in impls or [None] for r in remats or [None]]:
@@ -340,13 +346,13 @@ def main():
       n_params = cfg.num_layers * (4 * cfg.dim**2 + 2 * cfg.dim * cfg.ffn_dim) / 1e6
       label = name + "".join(f"[{x}]" for x in (impl, remat) if x is not None)
       print(f"{label:>{width}} {n_params:>7.2f}M {dt * 1e3:>8.1f} {tokens / dt:>9.0f} {flops / 1e9:>10.2f} "
-            f"{flops / dt / row_rate:>6.1%} {row_rate / 1e9:>7.1f} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} {bflops / 1e9:>6.2f} "
-            f"{bflops / bdt / row_rate:>6.1%} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} {bflops / tdt / row_rate:>6.1%} "
-            f"{tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)
+            f"{flops / dt / row_rate:>6.1%} {row_rate / 1e9:>7.1f} | {bdt * 1e3:>17.1f} {btok / bdt:>7.0f} "
+            f"{bflops / 1e9:>6.2f} {bflops / bdt / row_rate:>6.1%} | {tdt * 1e3:>8.1f} {ttok / tdt:>7.0f} "
+            f"{bflops / tdt / row_rate:>6.1%} {tdt / bdt:>8.2f}x | {faults:>11.0f}", flush=True)
   print("MFU = XLA-counted FLOPs of the step (cpu_flash rows: counted with xla_lse) / step time / the matmul rate "
-        "measured right before and after that row's steps (GFLOP/s, their mean); the backbone's MFU, jaxwm's and torch's, "
-        "is its XLA-counted FLOPs (GFLOP; the same model at the same shapes on both sides) / that side's step time / "
-        "the same rate; jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
+        "measured right before and after that row's steps (GFLOP/s, their mean); the backbone's MFU, jaxwm's and "
+        "torch's, is its XLA-counted FLOPs (GFLOP; the same model at the same shapes on both sides) / that side's "
+        "step time / the same rate; jax/torch = torch step time / jaxwm backbone step time (> 1: jaxwm faster)")
 
 
 if __name__ == "__main__":
